@@ -1,0 +1,3 @@
+from mmchaos.cli import main
+
+main()

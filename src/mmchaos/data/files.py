@@ -1,0 +1,132 @@
+"""User datasets: a folder of class subfolders, or a CSV/JSONL file of rows.
+
+Rows carry ``image`` (a path, relative to the file's folder), and any of ``caption`` (for
+retrieval), ``label`` (for zero-shot classification) and ``text`` (an OCR transcription). Every
+problem names the file and line; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from mmchaos.data.base import Dataset, Sample
+from mmchaos.errors import DataError
+
+__all__ = ["IMAGE_SUFFIXES", "load_csv", "load_folder", "load_jsonl"]
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+FIELDS = ("image", "caption", "label", "text", "id")
+
+
+def _check_image(path: Path, where: str) -> None:
+    """Fail now, with the row, on a missing or unidentifiable image (header only, cheap)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.is_file():
+        raise DataError(f"{where}: image file not found: {path}", code="data_missing_file")
+    try:
+        with Image.open(path) as img:
+            img.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise DataError(f"{where}: unreadable image {path}: {exc}", code="data_unreadable_image") from exc
+
+
+def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> Sample:
+    unknown = sorted(set(row) - set(FIELDS))
+    if unknown:
+        raise DataError(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(FIELDS)}", code="data_bad_row")
+    image = row.get("image")
+    if not isinstance(image, str) or not image.strip():
+        raise DataError(f"{where}: missing 'image' path", code="data_bad_row")
+    values: dict[str, str | None] = {}
+    for key in ("caption", "label", "text"):
+        value = row.get(key)
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{where}: '{key}' must be a string, got {type(value).__name__}", code="data_bad_row")
+        values[key] = value if value != "" or key == "text" else None
+    if values["caption"] is None and values["label"] is None and values["text"] is None:
+        raise DataError(f"{where}: a row needs at least one of caption, label, text", code="data_bad_row")
+    path = (base / image).resolve() if not Path(image).is_absolute() else Path(image)
+    _check_image(path, where)
+    return Sample(
+        id=str(row.get("id") or f"{index}"),
+        image_path=path,
+        caption=values["caption"],
+        label=values["label"],
+        text=values["text"],
+    )
+
+
+def _finish(name: str, samples: list[Sample], source: Path) -> Dataset:
+    if not samples:
+        raise DataError(f"{source}: no samples", code="data_empty")
+    for field in ("caption", "label", "text"):
+        have = sum(getattr(s, field) is not None for s in samples)
+        if 0 < have < len(samples):
+            raise DataError(
+                f"{source}: {have} of {len(samples)} rows have '{field}'; give it on every row or none",
+                code="data_inconsistent",
+            )
+    return Dataset(name=name, samples=samples, source=str(source))
+
+
+def load_jsonl(path: Path) -> Dataset:
+    samples = []
+    with path.open("r", encoding="utf-8", errors="strict") as fh:
+        try:
+            lines = list(fh)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8: {exc}", code="data_bad_encoding") from exc
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON: {exc.msg}", code="data_bad_row") from exc
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: each line must be a JSON object", code="data_bad_row")
+        samples.append(_row_to_sample(row, path.parent, where, len(samples)))
+    return _finish(path.stem, samples, path)
+
+
+def load_csv(path: Path) -> Dataset:
+    samples = []
+    try:
+        with path.open("r", encoding="utf-8", newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None or "image" not in reader.fieldnames:
+                raise DataError(f"{path}:1: the header must name an 'image' column", code="data_bad_row")
+            for row in reader:
+                where = f"{path}:{reader.line_num}"
+                if None in row:
+                    raise DataError(f"{where}: more values than header columns", code="data_bad_row")
+                clean = {k: v for k, v in row.items() if v is not None}
+                samples.append(_row_to_sample(clean, path.parent, where, len(samples)))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8: {exc}", code="data_bad_encoding") from exc
+    except csv.Error as exc:
+        raise DataError(f"{path}: bad CSV: {exc}", code="data_bad_row") from exc
+    return _finish(path.stem, samples, path)
+
+
+def load_folder(path: Path) -> Dataset:
+    """``root/<class name>/<image>``: the folder name is the label; other files are an error."""
+    samples = []
+    classes = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise DataError(f"{path}: expected one subfolder per class", code="data_empty")
+    for cls in classes:
+        for file in sorted((path / cls).iterdir()):
+            if file.name.startswith("."):
+                continue
+            where = str(file)
+            if file.suffix.lower() not in IMAGE_SUFFIXES:
+                raise DataError(f"{where}: not an image file (suffix {file.suffix or 'none'})", code="data_bad_row")
+            _check_image(file, where)
+            samples.append(Sample(id=f"{cls}/{file.name}", image_path=file, label=cls.replace("_", " ")))
+    return _finish(path.name, samples, path)

@@ -1,0 +1,87 @@
+"""The one exception root of mmchaos.
+
+Every error a user can meet carries a stable ``code`` (a short snake_case string that scripts and
+HTTP layers can switch on) and a one-line message. The CLI maps :class:`UsageError` and its
+children to exit code 2; anything else escaping a check becomes an ``error`` finding instead.
+
+::
+
+    MMChaosError
+    ├── UsageError (ValueError)          bad input to mmchaos itself -> exit 2
+    │   ├── ConfigError                  suite files, check parameters, CLI options
+    │   ├── UnknownNameError             a registry name that does not exist
+    │   ├── DataError                    missing files, unreadable images, bad rows
+    │   ├── TargetLoadError              a target URI that cannot be loaded
+    │   ├── MissingDependencyError       an optional extra is not installed
+    │   └── StoreError                   the run store cannot be opened or lacks a run
+    ├── CapabilityError                  a check asked a target for something it cannot do
+    └── TargetCallError                  the target raised or returned garbage during a call
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapabilityError",
+    "ConfigError",
+    "DataError",
+    "MMChaosError",
+    "MissingDependencyError",
+    "StoreError",
+    "TargetCallError",
+    "TargetLoadError",
+    "UnknownNameError",
+    "UsageError",
+]
+
+
+class MMChaosError(Exception):
+    """Root of every mmchaos error; ``code`` is stable across releases."""
+
+    code: str = "mmchaos_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+
+class UsageError(MMChaosError, ValueError):
+    """Bad input to mmchaos itself: the CLI exits with code 2."""
+
+    code = "usage_error"
+
+
+class ConfigError(UsageError):
+    code = "config_invalid"
+
+
+class UnknownNameError(UsageError):
+    code = "unknown_name"
+
+
+class DataError(UsageError):
+    code = "data_invalid"
+
+
+class TargetLoadError(UsageError):
+    code = "target_load_failed"
+
+
+class MissingDependencyError(UsageError, ImportError):
+    code = "missing_dependency"
+
+
+class StoreError(UsageError):
+    code = "store_error"
+
+
+class CapabilityError(MMChaosError):
+    code = "capability_missing"
+
+
+class TargetCallError(MMChaosError):
+    code = "target_call_failed"

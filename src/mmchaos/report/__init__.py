@@ -1,0 +1,34 @@
+"""Reports of a run: results.json, report.html, junit.xml and evidence/, all rebuilt from the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmchaos.report.junit import render_junit
+from mmchaos.report.results import build_results, exit_code_for
+from mmchaos.store import RunStore
+
+__all__ = ["build_results", "exit_code_for", "render_junit", "write_reports"]
+
+
+def write_reports(store: RunStore, run_id: str, out: Path) -> dict[str, Any]:
+    """Write every report file of ``run_id`` into ``out`` and return the results document."""
+    from mmchaos.report.html import render_html
+
+    results = build_results(store, run_id)
+    out.mkdir(parents=True, exist_ok=True)
+    evidence = out / "evidence"
+    evidence.mkdir(exist_ok=True)
+    artifacts = {a.name: a for a in store.artifacts(run_id)}
+    for artifact in artifacts.values():
+        (evidence / artifact.name).write_bytes(artifact.data)
+    for i, finding in enumerate(results["findings"]):
+        if finding["verdict"] in ("fail", "error"):
+            repro = {"run_id": run_id, "seed": results["seed"], "target": results["target"]["uri"], **finding}
+            (evidence / f"{i:03d}-{finding['check']}.json").write_text(json.dumps(repro, indent=2), "utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=2), "utf-8")
+    (out / "junit.xml").write_text(render_junit(results), "utf-8")
+    (out / "report.html").write_text(render_html(results, {n: a.data for n, a in artifacts.items()}), "utf-8")
+    return results

@@ -1,0 +1,80 @@
+"""Build the ``results.json`` document of a run from the store (schema: docs/results-schema.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from mmchaos.checks.base import Finding, Step, Verdict
+from mmchaos.store import RunStore
+
+__all__ = ["SCHEMA_VERSION", "build_results", "exit_code_for"]
+
+SCHEMA_VERSION = 1
+NOT_AVAILABLE = "not available in this version"
+
+
+def _iso(ts: float | None) -> str | None:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds") if ts else None
+
+
+def exit_code_for(findings: list[Finding]) -> int:
+    """0 when every gate passes, 1 when any finding failed or errored."""
+    return 1 if any(f.verdict in (Verdict.FAIL, Verdict.ERROR) for f in findings) else 0
+
+
+def build_results(store: RunStore, run_id: str) -> dict[str, Any]:
+    from mmchaos.runner import AVAILABLE_STEPS
+
+    run = store.get_run(run_id)
+    findings = store.findings(run_id)
+    checks = store.checks(run_id)
+    verdicts = {v.value: 0 for v in Verdict}
+    for f in findings:
+        verdicts[f.verdict.value] += 1
+    steps = []
+    for step in Step:
+        mine = [f for f in findings if f.step == step]
+        counts = {v.value: sum(f.verdict == v for f in mine) for v in Verdict}
+        if mine:
+            status = "fail" if counts["fail"] or counts["error"] else "pass" if counts["pass"] else "skipped"
+        elif step not in AVAILABLE_STEPS:
+            status = NOT_AVAILABLE
+        else:
+            status = "not in this suite"
+        steps.append({"step": int(step), "name": step.label, "status": status, "verdicts": counts})
+    code = exit_code_for(findings)
+    incomplete = [c.check_id for c in checks if c.status != "done"]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run.run_id,
+        "status": run.status,
+        "created": _iso(run.created),
+        "finished": _iso(run.finished),
+        "seed": run.config.get("seed") if run.config.get("seed") is not None else run.config["suite"]["seed"],
+        "target": {"uri": run.target_uri, **{k: v for k, v in run.target.items() if k != "uri"}},
+        "suite": run.config["suite"],
+        "config": {k: v for k, v in run.config.items() if k != "suite"},
+        "dataset": run.dataset,
+        "environment": run.environment,
+        "summary": {
+            "verdicts": verdicts,
+            "gates_passed": code == 0 and not incomplete,
+            "exit_code": code,
+            "incomplete_checks": incomplete,
+            "wall_seconds": sum(c.wall_seconds for c in checks),
+            "model_seconds": sum(c.model_seconds for c in checks),
+        },
+        "steps": steps,
+        "checks": [
+            {
+                "id": c.check_id,
+                "status": c.status,
+                "wall_seconds": c.wall_seconds,
+                "model_seconds": c.model_seconds,
+                "model_calls": c.model_calls,
+            }
+            for c in checks
+        ],
+        "findings": [f.to_dict() for f in findings],
+    }

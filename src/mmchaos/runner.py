@@ -1,0 +1,223 @@
+"""Run a suite against a target, committing each finished check to the store as it completes.
+
+This is the whole of ``mmchaos validate`` minus printing: the CLI is a thin layer over
+:func:`run_suite`, and a Python user can call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mmchaos import __version__
+from mmchaos.checks.base import Check, CheckContext, Finding, NullProgress, ProgressSink, Severity, Step, Verdict
+from mmchaos.data import Dataset, load_dataset
+from mmchaos.errors import StoreError
+from mmchaos.store import RunRecord, RunStore, new_run_id
+from mmchaos.suites import SuiteSpec, build_checks
+from mmchaos.targets import Target, TargetOptions, load_target
+from mmchaos.targets.base import Capability
+
+__all__ = ["RunConfig", "RunResult", "TimedTarget", "default_data", "run_suite"]
+
+log = logging.getLogger(__name__)
+
+# The steps that have checks in this version; the others are reported as not available.
+AVAILABLE_STEPS = frozenset({Step.ROBUSTNESS, Step.ENGINE})
+
+
+@dataclass
+class RunConfig:
+    """Everything that determines a run; stored with it so a resume uses the same inputs."""
+
+    target: str
+    suite: SuiteSpec
+    data: str | None = None
+    seed: int | None = None
+    options: TargetOptions = field(default_factory=TargetOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "suite": self.suite.model_dump(),
+            "data": self.data,
+            "seed": self.seed,
+            "options": asdict(self.options),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        return cls(
+            target=data["target"],
+            suite=SuiteSpec.model_validate(data["suite"]),
+            data=data.get("data"),
+            seed=data.get("seed"),
+            options=TargetOptions(**data.get("options", {})),
+        )
+
+    @property
+    def effective_seed(self) -> int:
+        return self.seed if self.seed is not None else self.suite.seed
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    findings: list[Finding]
+    resumed_checks: list[str]
+
+    @property
+    def gates_passed(self) -> bool:
+        return not any(f.verdict in (Verdict.FAIL, Verdict.ERROR) for f in self.findings)
+
+
+class TimedTarget(Target):
+    """Delegates to a target and adds up the time spent inside its calls (model time)."""
+
+    def __init__(self, inner: Target) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.capabilities = inner.capabilities
+        self.seconds = 0.0
+        self.calls = 0
+
+    def _timed(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(arg)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+
+    def embed_images(self, images: Sequence[Any]) -> Any:
+        return self._timed(self.inner.embed_images, images)
+
+    def embed_texts(self, texts: Sequence[str]) -> Any:
+        return self._timed(self.inner.embed_texts, texts)
+
+    def read_text(self, images: Sequence[Any]) -> Any:
+        return self._timed(self.inner.read_text, images)
+
+    def torch_module(self) -> Any:
+        return self.inner.torch_module()
+
+    def fingerprint(self) -> Any:
+        return self.inner.fingerprint()
+
+
+def default_data(target: Target) -> str:
+    """The built-in dataset that fits a target: text lines for readers, shapes otherwise."""
+    return "builtin:textlines" if target.has(Capability.READ_TEXT) else "builtin:shapes"
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+
+    return {
+        "mmchaos": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "numpy": numpy.__version__,
+        "argv": sys.argv[1:],
+    }
+
+
+def run_suite(
+    config: RunConfig | None,
+    store: RunStore,
+    *,
+    resume: str | None = None,
+    progress: ProgressSink | None = None,
+    on_check: Callable[[str, list[Finding]], None] | None = None,
+) -> RunResult:
+    """Run ``config`` (or resume run ``resume`` with its stored config) and return its findings."""
+    progress = progress or NullProgress()
+    if resume is not None:
+        run_id = store.resolve(resume)
+        config = RunConfig.from_dict(store.get_run(run_id).config)
+    elif config is None:
+        raise ValueError("give a config or a run to resume")
+    else:
+        run_id = new_run_id()
+    checks = build_checks(config.suite)
+    target = load_target(config.target, config.options)
+    try:
+        dataset = load_dataset(config.data or default_data(target))
+        fingerprint = target.fingerprint().to_dict()
+        if resume is None:
+            store.create_run(
+                RunRecord(
+                    run_id=run_id,
+                    created=time.time(),
+                    finished=None,
+                    status="running",
+                    target_uri=config.target,
+                    suite_name=config.suite.name,
+                    config=config.to_dict(),
+                    target=target.describe(),
+                    dataset=dataset.describe(),
+                    environment=environment(),
+                ),
+                [cid for cid, _ in checks],
+            )
+        else:
+            stored = store.get_run(run_id).target.get("fingerprint", {})
+            if stored.get("digest") and stored["digest"] != fingerprint["digest"]:
+                raise StoreError(
+                    f"run {run_id} was made with target fingerprint {stored['digest']}, but {config.target} "
+                    f"now has {fingerprint['digest']}; start a new run instead of resuming"
+                )
+            store.update_run(run_id, status="running")
+        done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
+        for check_id, check in checks:
+            if check_id in done:
+                log.info("resume: %s already done", check_id)
+                continue
+            store.mark_started(run_id, check_id)
+            findings, timed, wall = _run_one(check_id, check, target, dataset, config.effective_seed, progress)
+            store.commit_check(
+                run_id, check_id, findings, wall_seconds=wall, model_seconds=timed.seconds, model_calls=timed.calls
+            )
+            if on_check is not None:
+                on_check(check_id, findings)
+        store.update_run(run_id, status="complete", finished=time.time())
+    finally:
+        target.close()
+    return RunResult(run_id, store.findings(run_id), sorted(done))
+
+
+def _run_one(
+    check_id: str, check: Check, target: Target, dataset: Dataset, seed: int, progress: ProgressSink
+) -> tuple[list[Finding], TimedTarget, float]:
+    """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
+    timed = TimedTarget(target)
+    start = time.perf_counter()
+    why_not = check.missing_capabilities(target)
+    if why_not is not None:
+        skipped = Finding(check_id, check.step, Verdict.SKIPPED, f"skipped: {why_not}", message=why_not)
+        return [skipped], timed, 0.0
+    ctx = CheckContext(target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress)
+    findings: list[Finding] = []
+    try:
+        findings.extend(check.run(ctx))
+    except Exception as exc:
+        log.debug("check %s raised", check_id, exc_info=True)
+        findings.append(
+            Finding(
+                check_id,
+                check.step,
+                Verdict.ERROR,
+                f"{check_id} could not finish: {type(exc).__name__}",
+                severity=Severity.HIGH,
+                message=f"{type(exc).__name__}: {exc}"[:1000],
+                suggestion="the target raised during a normal call; see the trace in the evidence",
+                evidence={"traceback": traceback.format_exc()[-4000:]},
+            )
+        )
+    return findings, timed, time.perf_counter() - start

@@ -1,0 +1,263 @@
+"""The run store: one SQLite file holding runs, per-check status, findings and evidence.
+
+Each finished check is committed in one transaction with its findings and artifacts, so a run
+killed at any point (even ``kill -9``) loses at most the check that was running, and
+``validate --resume RUN`` recomputes only that one. WAL journaling keeps readers (``mmchaos
+runs``) from blocking a run in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmchaos.checks.base import Artifact, Finding
+from mmchaos.errors import StoreError
+
+__all__ = ["CheckRecord", "RunRecord", "RunStore"]
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    finished REAL,
+    status TEXT NOT NULL,
+    target_uri TEXT NOT NULL,
+    suite_name TEXT NOT NULL,
+    config TEXT NOT NULL,
+    target TEXT NOT NULL DEFAULT '{}',
+    dataset TEXT NOT NULL DEFAULT '{}',
+    environment TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS checks (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    check_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    started REAL,
+    finished REAL,
+    wall_seconds REAL,
+    model_seconds REAL,
+    model_calls INTEGER,
+    PRIMARY KEY (run_id, check_id)
+);
+CREATE TABLE IF NOT EXISTS findings (
+    run_id TEXT NOT NULL,
+    check_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (run_id, check_id, idx)
+);
+CREATE TABLE IF NOT EXISTS artifacts (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+"""
+
+
+@dataclass
+class CheckRecord:
+    check_id: str
+    position: int
+    status: str
+    wall_seconds: float = 0.0
+    model_seconds: float = 0.0
+    model_calls: int = 0
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    created: float
+    finished: float | None
+    status: str
+    target_uri: str
+    suite_name: str
+    config: dict[str, Any]
+    target: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class RunStore:
+    """A handle on the SQLite run store at ``path`` (created with its folder when missing)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: store schema {row[0]} is not {SCHEMA_VERSION}; use another --store")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # runs ------------------------------------------------------------------------------------
+    def create_run(self, record: RunRecord, check_ids: list[str]) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    record.run_id,
+                    record.created,
+                    record.finished,
+                    record.status,
+                    record.target_uri,
+                    record.suite_name,
+                    json.dumps(record.config),
+                    json.dumps(record.target),
+                    json.dumps(record.dataset),
+                    json.dumps(record.environment),
+                ),
+            )
+            db.executemany(
+                "INSERT INTO checks (run_id, check_id, position, status) VALUES (?,?,?,'pending')",
+                [(record.run_id, cid, i) for i, cid in enumerate(check_ids)],
+            )
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        allowed = {"status", "finished", "target", "dataset", "environment"}
+        if not fields or set(fields) - allowed:
+            raise ValueError(f"can only update {allowed}")
+        values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE runs SET {sets} WHERE run_id=?", (*values, run_id))
+
+    def resolve(self, ref: str) -> str:
+        """A run id from a full id, a unique prefix, or ``latest``."""
+        if ref == "latest":
+            row = self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT 1").fetchone()
+            if row is None:
+                raise StoreError(f"no runs in {self.path}")
+            return str(row[0])
+        rows = self._db.execute("SELECT run_id FROM runs WHERE run_id LIKE ?", (ref.replace("%", "") + "%",)).fetchall()
+        if len(rows) == 1:
+            return str(rows[0][0])
+        if not rows:
+            raise StoreError(f"no run {ref!r} in {self.path} (see `mmchaos runs`)")
+        raise StoreError(f"{ref!r} matches {len(rows)} runs; give more of the id")
+
+    def get_run(self, run_id: str) -> RunRecord:
+        row = self._db.execute(
+            "SELECT run_id, created, finished, status, target_uri, suite_name, config, target, dataset, environment "
+            "FROM runs WHERE run_id=?",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        return RunRecord(*row[:6], json.loads(row[6]), json.loads(row[7]), json.loads(row[8]), json.loads(row[9]))
+
+    def list_runs(self, limit: int = 50) -> list[tuple[RunRecord, dict[str, int]]]:
+        rows = self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        out = []
+        for (run_id,) in rows:
+            counts: dict[str, int] = {}
+            for finding in self.findings(run_id):
+                counts[finding.verdict.value] = counts.get(finding.verdict.value, 0) + 1
+            out.append((self.get_run(run_id), counts))
+        return out
+
+    # checks ----------------------------------------------------------------------------------
+    def checks(self, run_id: str) -> list[CheckRecord]:
+        rows = self._db.execute(
+            "SELECT check_id, position, status, COALESCE(wall_seconds,0), COALESCE(model_seconds,0), "
+            "COALESCE(model_calls,0) FROM checks WHERE run_id=? ORDER BY position",
+            (run_id,),
+        ).fetchall()
+        return [CheckRecord(*r) for r in rows]
+
+    def mark_started(self, run_id: str, check_id: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE checks SET status='running', started=? WHERE run_id=? AND check_id=?",
+                (time.time(), run_id, check_id),
+            )
+
+    def commit_check(
+        self,
+        run_id: str,
+        check_id: str,
+        findings: list[Finding],
+        *,
+        wall_seconds: float,
+        model_seconds: float,
+        model_calls: int,
+    ) -> None:
+        """Store a finished check's findings and artifacts and mark it done, atomically."""
+        with self._tx() as db:
+            db.execute("DELETE FROM findings WHERE run_id=? AND check_id=?", (run_id, check_id))
+            db.executemany(
+                "INSERT INTO findings VALUES (?,?,?,?)",
+                [(run_id, check_id, i, json.dumps(f.to_dict())) for i, f in enumerate(findings)],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO artifacts VALUES (?,?,?,?)",
+                [(run_id, a.name, a.media_type, a.data) for f in findings for a in f.artifacts],
+            )
+            db.execute(
+                "UPDATE checks SET status='done', finished=?, wall_seconds=?, model_seconds=?, model_calls=? "
+                "WHERE run_id=? AND check_id=?",
+                (time.time(), wall_seconds, model_seconds, model_calls, run_id, check_id),
+            )
+
+    def findings(self, run_id: str) -> list[Finding]:
+        rows = self._db.execute(
+            "SELECT f.body FROM findings f JOIN checks c ON c.run_id=f.run_id AND c.check_id=f.check_id "
+            "WHERE f.run_id=? ORDER BY c.position, f.idx",
+            (run_id,),
+        ).fetchall()
+        return [Finding.from_dict(json.loads(r[0])) for r in rows]
+
+    def artifacts(self, run_id: str) -> Iterator[Artifact]:
+        for name, media_type, data in self._db.execute(
+            "SELECT name, media_type, data FROM artifacts WHERE run_id=? ORDER BY name", (run_id,)
+        ):
+            yield Artifact(name=name, data=bytes(data), media_type=media_type)
+
+    def artifact(self, run_id: str, name: str) -> Artifact | None:
+        row = self._db.execute(
+            "SELECT name, media_type, data FROM artifacts WHERE run_id=? AND name=?", (run_id, name)
+        ).fetchone()
+        return Artifact(name=row[0], data=bytes(row[2]), media_type=row[1]) if row else None

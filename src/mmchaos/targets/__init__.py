@@ -1,0 +1,139 @@
+"""Targets addressed by URI: ``builtin:NAME``, ``hf:PATH``, ``py:module:factory``, plug-in schemes.
+
+Third-party adapters register a URI scheme in the ``mmchaos.targets`` entry-point group; the
+value is a ``"module:factory"`` called as ``factory(rest_of_uri, **options)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mmchaos.errors import MMChaosError, TargetLoadError, UnknownNameError
+from mmchaos.registry import Registry
+from mmchaos.targets.base import Capability, Fingerprint, Target
+
+__all__ = ["SCHEMES", "Capability", "Fingerprint", "Target", "TargetOptions", "load_target"]
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """Options that apply to every scheme; a scheme ignores what it has no use for."""
+
+    trust_remote_code: bool = False
+    use_safetensors: bool = True
+    device: str = "cpu"
+
+
+TargetFactory = Callable[..., Target]
+SCHEMES: Registry[TargetFactory] = Registry("target scheme", "mmchaos.targets")
+
+
+def _builtin(rest: str, **options: Any) -> Target:
+    from mmchaos.targets.builtin import BUILTIN_TARGETS, load_builtin
+
+    if rest not in BUILTIN_TARGETS:
+        import difflib
+
+        close = difflib.get_close_matches(rest, BUILTIN_TARGETS, n=2)
+        hint = f"; did you mean {', '.join('builtin:' + c for c in close)}?" if close else ""
+        raise UnknownNameError(f"unknown built-in target {rest!r}{hint} (known: {', '.join(BUILTIN_TARGETS)})")
+    return load_builtin(rest, device=options.get("device", "cpu"))
+
+
+def _hf(rest: str, **options: Any) -> Target:
+    from mmchaos.targets.hf import HFContrastiveTarget
+
+    return HFContrastiveTarget(
+        rest,
+        trust_remote_code=bool(options.get("trust_remote_code", False)),
+        use_safetensors=bool(options.get("use_safetensors", True)),
+        device=str(options.get("device", "cpu")),
+    )
+
+
+def _py(rest: str, **options: Any) -> Target:
+    """``py:package.module:factory``: the user's own pipeline, as an object implementing Target."""
+    module_name, sep, attr = rest.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise TargetLoadError(f"py target must look like py:package.module:factory, got py:{rest}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetLoadError(f"cannot import {module_name!r} for py:{rest}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise TargetLoadError(f"{module_name}.{attr} is not a callable factory")
+    wanted = inspect.signature(factory).parameters
+    kwargs = {k: v for k, v in options.items() if k in wanted}
+    return _validate(factory(**kwargs), f"py:{rest}")
+
+
+SCHEMES.register("builtin", _builtin)
+SCHEMES.register("hf", _hf)
+SCHEMES.register("py", _py)
+
+
+class _ForeignTarget(Target):
+    """Adapts a duck-typed object (capabilities + fingerprint + methods) to the Target base."""
+
+    def __init__(self, inner: Any, uri: str, capabilities: frozenset[Capability]) -> None:
+        self.inner = inner
+        self.uri = uri
+        self.capabilities = capabilities
+
+    def fingerprint(self) -> Fingerprint:
+        fp = self.inner.fingerprint()
+        return fp if isinstance(fp, Fingerprint) else Fingerprint(**dict(fp))
+
+    def embed_images(self, images: Any) -> Any:
+        return self.inner.embed_images(images)
+
+    def embed_texts(self, texts: Any) -> Any:
+        return self.inner.embed_texts(texts)
+
+    def read_text(self, images: Any) -> Any:
+        return self.inner.read_text(images)
+
+    def torch_module(self) -> Any:
+        return self.inner.torch_module()
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+def _validate(obj: Any, uri: str) -> Target:
+    caps_raw = getattr(obj, "capabilities", None)
+    if caps_raw is None or not callable(getattr(obj, "fingerprint", None)):
+        raise TargetLoadError(
+            f"{uri} gave {type(obj).__name__}, which is not a mmchaos Target "
+            "(subclass mmchaos.targets.Target, or provide capabilities and fingerprint())"
+        )
+    try:
+        caps = frozenset(Capability(c) for c in caps_raw)
+    except ValueError as exc:
+        raise TargetLoadError(f"{uri} declares an unknown capability: {exc}") from exc
+    if not isinstance(obj, Target):
+        return _ForeignTarget(obj, getattr(obj, "uri", "") or uri, caps)
+    if not obj.uri:
+        obj.uri = uri
+    return obj
+
+
+def load_target(uri: str, options: TargetOptions | None = None) -> Target:
+    """Load the target at ``uri``; every failure is a TargetLoadError (or another UsageError)."""
+    scheme, sep, rest = uri.partition(":")
+    if not sep or not rest:
+        raise TargetLoadError(f"target must be a URI like builtin:tiny-clip or hf:/path, got {uri!r}")
+    factory = SCHEMES.get(scheme)
+    opts = asdict(options or TargetOptions())
+    try:
+        return _validate(factory(rest, **opts), uri)
+    except MMChaosError:
+        raise
+    except Exception as exc:  # a third-party factory may raise anything; that is a load failure
+        raise TargetLoadError(f"cannot load target {uri}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,119 @@
+"""What a target (the system under test) must provide; checks speak only to this interface.
+
+Images cross this boundary as ``uint8`` arrays of shape ``(H, W, 3)`` in RGB order, texts as
+``str``. A target implements the methods its capabilities promise and nothing else; the base
+class raises :class:`~mmchaos.errors.CapabilityError` for the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mmchaos.errors import CapabilityError
+
+__all__ = ["Capability", "Fingerprint", "Target", "hash_file", "hash_files"]
+
+ImageArray = npt.NDArray[np.uint8]
+FloatArray = npt.NDArray[np.float32]
+
+
+class Capability(StrEnum):
+    EMBED_IMAGE = "embed_image"
+    EMBED_TEXT = "embed_text"
+    READ_TEXT = "read_text"
+    TORCH_MODULE = "torch_module"
+    PREPROCESS = "preprocess"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Hashes that identify exactly what was tested: weights, tokenizer, processor, versions."""
+
+    weights: str = ""
+    tokenizer: str = ""
+    processor: str = ""
+    config: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """One short hash over every component, to compare two targets at a glance."""
+        blob = json.dumps(self.to_dict(include_digest=False), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_dict(self, *, include_digest: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "weights": self.weights,
+            "tokenizer": self.tokenizer,
+            "processor": self.processor,
+            "config": self.config,
+            "versions": dict(self.versions),
+        }
+        if include_digest:
+            out["digest"] = self.digest
+        return out
+
+
+def hash_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_files(paths: Sequence[Path]) -> str:
+    """A sha256 over (name, content hash) of each existing file, order-independent."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in paths if p.is_file()):
+        digest.update(path.name.encode())
+        digest.update(hash_file(path).encode())
+    return digest.hexdigest()
+
+
+class Target:
+    """Base class of targets; subclasses set ``capabilities`` and implement what they promise."""
+
+    uri: str = ""
+    capabilities: frozenset[Capability] = frozenset()
+
+    def has(self, *caps: Capability) -> bool:
+        return all(c in self.capabilities for c in caps)
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint()
+
+    def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
+        """Embed a batch of RGB uint8 images; returns ``(N, D)`` float32, not normalised."""
+        raise CapabilityError(f"{self.uri} cannot embed images", code="capability_missing")
+
+    def embed_texts(self, texts: Sequence[str]) -> FloatArray:
+        """Embed a batch of texts; returns ``(N, D)`` float32, not normalised."""
+        raise CapabilityError(f"{self.uri} cannot embed texts", code="capability_missing")
+
+    def read_text(self, images: Sequence[ImageArray]) -> list[str]:
+        """Recognise the text in each image (OCR)."""
+        raise CapabilityError(f"{self.uri} cannot read text", code="capability_missing")
+
+    def torch_module(self) -> Any:
+        """The underlying ``torch.nn.Module``, for white-box checks."""
+        raise CapabilityError(f"{self.uri} gives no white-box access", code="capability_missing")
+
+    def close(self) -> None:
+        """Release resources; called once when a run ends."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "uri": self.uri,
+            "capabilities": sorted(c.value for c in self.capabilities),
+            "fingerprint": self.fingerprint().to_dict(),
+        }

@@ -1,0 +1,80 @@
+"""How a target is scored on a dataset: a task turns outputs into one metric and per-sample scores.
+
+Per-sample scores are in [0, 1], higher is better, so checks can rank worst cases the same way
+for every task. ``images``/``texts`` passed to :meth:`Task.evaluate` replace the dataset's clean
+ones (that is how perturbed inputs are scored against clean labels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from mmchaos.data.base import Dataset
+from mmchaos.targets.base import Capability, Target
+
+__all__ = ["Task", "TaskResult", "batched", "l2_normalise"]
+
+FloatArray = npt.NDArray[np.float32]
+ImageArray = npt.NDArray[np.uint8]
+In = TypeVar("In")
+
+
+@dataclass
+class TaskResult:
+    metric: float
+    per_sample: npt.NDArray[np.float64]
+    extra: dict[str, float] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+
+
+class Task:
+    """Base class of tasks; subclasses name their metric and implement ``evaluate``."""
+
+    name: ClassVar[str] = ""
+    metric_name: ClassVar[str] = ""
+    higher_is_better: ClassVar[bool] = True
+    requires: ClassVar[frozenset[Capability]] = frozenset()
+
+    def __init__(self, batch_size: int = 64) -> None:
+        self.batch_size = batch_size
+
+    @classmethod
+    def supports(cls, target: Target, dataset: Dataset) -> bool:
+        return target.has(*cls.requires)
+
+    def setup(self, target: Target, dataset: Dataset) -> None:
+        """Precompute what does not change between clean and perturbed runs."""
+
+    def evaluate(
+        self,
+        target: Target,
+        dataset: Dataset,
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> TaskResult:
+        raise NotImplementedError
+
+    def quality(self, metric: float) -> float:
+        """The metric mapped to 'higher is better' in [0, 1], for relative robustness."""
+        return metric if self.higher_is_better else max(0.0, 1.0 - metric)
+
+
+def batched(fn: Callable[[Sequence[In]], Any], items: Sequence[In], batch_size: int) -> list[Any]:
+    """Call ``fn`` on consecutive slices of ``items`` and collect the results in order."""
+    return [fn(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+
+
+def l2_normalise(x: FloatArray) -> FloatArray:
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+
+
+def embed(target: Target, method: str, items: Sequence[Any], batch_size: int) -> FloatArray:
+    parts = batched(getattr(target, method), items, batch_size)
+    out = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=0)
+    return l2_normalise(out)

@@ -1,0 +1,153 @@
+"""Tasks for contrastive image-text targets: zero-shot classification and retrieval."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from mmchaos.data.base import Dataset
+from mmchaos.errors import DataError
+from mmchaos.targets.base import Capability, Target
+from mmchaos.tasks.base import FloatArray, ImageArray, Task, TaskResult, embed
+
+__all__ = ["ImageToTextRetrieval", "TextToImageRetrieval", "ZeroShotClassification"]
+
+_BOTH = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
+
+
+def _images(dataset: Dataset, images: Sequence[ImageArray] | None) -> Sequence[ImageArray]:
+    return images if images is not None else [s.load_image() for s in dataset]
+
+
+def _captions(dataset: Dataset, texts: Sequence[str] | None) -> Sequence[str]:
+    return texts if texts is not None else [s.caption or "" for s in dataset]
+
+
+class ZeroShotClassification(Task):
+    """Accuracy of picking the right class prompt for each image."""
+
+    name = "zero_shot"
+    metric_name = "accuracy"
+    requires = _BOTH
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__(batch_size)
+        self._class_emb: FloatArray | None = None
+        self._class_index: dict[str, int] = {}
+
+    @classmethod
+    def supports(cls, target: Target, dataset: Dataset) -> bool:
+        return super().supports(target, dataset) and dataset.has_labels and dataset.has_images
+
+    def setup(self, target: Target, dataset: Dataset) -> None:
+        if not dataset.classes:
+            raise DataError("zero-shot classification needs class labels", code="data_no_labels")
+        prompts = [dataset.prompt_template.format(c) for c in dataset.classes]
+        self._class_emb = embed(target, "embed_texts", prompts, self.batch_size)
+        self._class_index = {c: i for i, c in enumerate(dataset.classes)}
+
+    def logits(self, target: Target, images: Sequence[ImageArray]) -> FloatArray:
+        assert self._class_emb is not None, "setup() first"
+        img = embed(target, "embed_images", images, self.batch_size)
+        return img @ self._class_emb.T
+
+    def evaluate(
+        self,
+        target: Target,
+        dataset: Dataset,
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> TaskResult:
+        if self._class_emb is None:
+            self.setup(target, dataset)
+        logits = self.logits(target, _images(dataset, images))
+        truth = np.array([self._class_index[s.label or ""] for s in dataset])
+        pred = logits.argmax(axis=1)
+        correct = (pred == truth).astype(np.float64)
+        # Per-sample score: softmax probability of the true class (temperature 100, CLIP's scale).
+        z = 100.0 * (logits - logits.max(axis=1, keepdims=True))
+        prob = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        score = prob[np.arange(len(truth)), truth].astype(np.float64)
+        outputs = [dataset.classes[int(p)] for p in pred]
+        return TaskResult(float(correct.mean()) if len(correct) else 0.0, score, {}, outputs)
+
+
+def _ranks(sim: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+    """Rank (0 = best) of the diagonal entry of each row of a square similarity matrix."""
+    diag = np.diag(sim)[:, None]
+    return (sim > diag).sum(axis=1).astype(np.int64)
+
+
+class _Retrieval(Task):
+    metric_name = "recall@1"
+    requires = _BOTH
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__(batch_size)
+        self._clean: dict[str, FloatArray] = {}
+
+    def embeddings(
+        self, target: Target, dataset: Dataset, images: Sequence[ImageArray] | None, texts: Sequence[str] | None
+    ) -> tuple[FloatArray, FloatArray]:
+        """Image and caption embeddings; the clean side is computed once and cached."""
+        if images is None:
+            if "image" not in self._clean:
+                self._clean["image"] = embed(target, "embed_images", _images(dataset, None), self.batch_size)
+            img = self._clean["image"]
+        else:
+            img = embed(target, "embed_images", images, self.batch_size)
+        if texts is None:
+            if "text" not in self._clean:
+                self._clean["text"] = embed(target, "embed_texts", _captions(dataset, None), self.batch_size)
+            txt = self._clean["text"]
+        else:
+            txt = embed(target, "embed_texts", texts, self.batch_size)
+        return img, txt
+
+    @classmethod
+    def supports(cls, target: Target, dataset: Dataset) -> bool:
+        return super().supports(target, dataset) and dataset.has_captions and dataset.has_images
+
+    def _similarity(
+        self, target: Target, dataset: Dataset, images: Sequence[ImageArray] | None, texts: Sequence[str] | None
+    ) -> npt.NDArray[np.float32]:
+        raise NotImplementedError
+
+    def evaluate(
+        self,
+        target: Target,
+        dataset: Dataset,
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> TaskResult:
+        ranks = _ranks(self._similarity(target, dataset, images, texts))
+        r1 = float((ranks < 1).mean()) if len(ranks) else 0.0
+        r5 = float((ranks < 5).mean()) if len(ranks) else 0.0
+        score = 1.0 / (1.0 + ranks.astype(np.float64))
+        return TaskResult(r1, score, {"recall@5": r5, "mean_rank": float(ranks.mean() + 1) if len(ranks) else 0.0})
+
+
+class TextToImageRetrieval(_Retrieval):
+    """Recall@k of finding each caption's image among all images of the set."""
+
+    name = "retrieval_t2i"
+
+    def _similarity(
+        self, target: Target, dataset: Dataset, images: Sequence[ImageArray] | None, texts: Sequence[str] | None
+    ) -> npt.NDArray[np.float32]:
+        img, txt = self.embeddings(target, dataset, images, texts)
+        return txt @ img.T
+
+
+class ImageToTextRetrieval(_Retrieval):
+    """Recall@k of finding each image's caption among all captions of the set."""
+
+    name = "retrieval_i2t"
+
+    def _similarity(
+        self, target: Target, dataset: Dataset, images: Sequence[ImageArray] | None, texts: Sequence[str] | None
+    ) -> npt.NDArray[np.float32]:
+        img, txt = self.embeddings(target, dataset, images, texts)
+        return img @ txt.T

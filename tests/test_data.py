@@ -1,0 +1,109 @@
+"""Data loaders on good and bad files: every problem is a DataError naming file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmchaos.data import load_dataset
+from mmchaos.data.shapes import CLASSES, make_shapes
+from mmchaos.errors import DataError
+
+
+@pytest.fixture()
+def images(tmp_path: Path) -> Path:
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for i, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
+        Image.new("RGB", (16, 16), colour).save(root / f"{i}.png")
+    return root
+
+
+def test_shapes_is_deterministic_and_index_stable() -> None:
+    a, b = make_shapes(10, seed=4), make_shapes(20, seed=4)
+    assert all(x.image.tobytes() == y.image.tobytes() and x.caption == y.caption for x, y in zip(a, b))
+    assert make_shapes(5, seed=4, split="train")[0].image.tobytes() != a[0].image.tobytes()
+    assert len(CLASSES) >= 24 and set(a.classes) == set(CLASSES)
+    assert all(s.label in CLASSES and s.label.split()[0] in s.caption for s in a)
+
+
+def test_builtin_spec_options_and_errors() -> None:
+    d = load_dataset("builtin:shapes?n=7&seed=2&split=val")
+    assert len(d) == 7 and d.source.endswith("n=7")
+    with pytest.raises(DataError, match="split"):
+        load_dataset("builtin:shapes?split=holdout")
+    with pytest.raises(DataError, match="unknown built-in dataset"):
+        load_dataset("builtin:mnist")
+    with pytest.raises(DataError, match="builtin:shapes"):
+        load_dataset("shapes")
+
+
+def test_jsonl_good(images: Path, tmp_path: Path) -> None:
+    f = tmp_path / "eval.jsonl"
+    rows = [{"image": "imgs/0.png", "caption": "a red square", "label": "red"}, {"image": "imgs/1.png", "caption": "blue", "label": "blue"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    d = load_dataset(str(f))
+    assert len(d) == 2 and d.has_captions and d.has_labels and d.classes == ["blue", "red"]
+    assert d[0].load_image().shape == (16, 16, 3)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"image": "imgs/0.png", "caption": "ok"}\n{"image": "imgs/missing.png", "caption": "x"}\n', r"eval.jsonl:2: image file not found"),
+        ('{"image": "imgs/0.png", "caption": "ok"}\nnot json\n', r"eval.jsonl:2: not valid JSON"),
+        ('{"image": "imgs/0.png"}\n', r"eval.jsonl:1: a row needs at least one of"),
+        ('{"image": "imgs/0.png", "caption": 3}\n', r"eval.jsonl:1: 'caption' must be a string"),
+        ('{"image": "imgs/0.png", "capton": "x"}\n', r"eval.jsonl:1: unknown field"),
+        ('["imgs/0.png"]\n', r"eval.jsonl:1: each line must be a JSON object"),
+        ('{"image": "imgs/0.png", "caption": "a"}\n{"image": "imgs/1.png", "label": "b"}\n', r"1 of 2 rows have 'caption'"),
+        ("", r"no samples"),
+    ],
+)
+def test_jsonl_bad_rows_name_the_line(images: Path, tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "eval.jsonl"
+    f.write_text(content)
+    with pytest.raises(DataError, match=message):
+        load_dataset(str(f))
+
+
+def test_unreadable_image_is_reported(images: Path, tmp_path: Path) -> None:
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    f = tmp_path / "eval.csv"
+    f.write_text("image,caption\nimgs/0.png,red\nimgs/broken.png,broken\n")
+    with pytest.raises(DataError, match=r"eval.csv:3: unreadable image") as info:
+        load_dataset(str(f))
+    assert info.value.code == "data_unreadable_image"
+
+
+def test_csv_good_and_bad_header(images: Path, tmp_path: Path) -> None:
+    f = tmp_path / "eval.csv"
+    f.write_text("image,label\nimgs/0.png,red\nimgs/1.png,blue\n")
+    assert load_dataset(str(f)).classes == ["blue", "red"]
+    f.write_text("path,label\nimgs/0.png,red\n")
+    with pytest.raises(DataError, match="'image' column"):
+        load_dataset(str(f))
+    f.write_text("image,label\nimgs/0.png,red,extra\n")
+    with pytest.raises(DataError, match="eval.csv:2: more values"):
+        load_dataset(str(f))
+
+
+def test_folder_of_class_subfolders(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    for cls in ("red_square", "blue"):
+        (root / cls).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / cls / "a.png")
+    d = load_dataset(str(root))
+    assert d.classes == ["blue", "red square"] and len(d) == 2
+    (root / "blue" / "notes.txt").write_text("hi")
+    with pytest.raises(DataError, match="notes.txt: not an image file"):
+        load_dataset(str(root))
+
+
+def test_missing_dataset_path() -> None:
+    with pytest.raises(DataError, match="dataset not found"):
+        load_dataset("/nonexistent/eval.jsonl")
