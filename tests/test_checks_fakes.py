@@ -28,13 +28,17 @@ def _verdicts(findings: list) -> dict[str, str]:
 
 
 def test_batch_invariance_passes_a_correct_target() -> None:
-    findings = list(BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.HashEmbedTarget())))
+    findings = list(
+        BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.HashEmbedTarget()))
+    )
     assert _verdicts(findings) == {"image": "pass", "text": "pass"}
     assert all(f.metrics["max_deviation"] <= 1e-6 for f in findings)
 
 
 def test_batch_invariance_fails_a_padding_dependent_target() -> None:
-    findings = list(BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.PaddingLeakTarget())))
+    findings = list(
+        BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.PaddingLeakTarget()))
+    )
     verdicts = _verdicts(findings)
     assert verdicts == {"image": "pass", "text": "fail"}
     text = next(f for f in findings if f.evidence["modality"] == "text")
@@ -90,7 +94,9 @@ def test_runner_turns_a_raising_target_into_an_error_finding(tmp_path: Path) -> 
 
 
 def test_runner_skips_checks_the_target_cannot_serve_with_the_reason(tmp_path: Path) -> None:
-    suite = _suite({"check": "robustness", "params": {"samples": 4, "perturbations": ["gaussian_noise", "keyboard_typo"]}})
+    suite = _suite(
+        {"check": "robustness", "params": {"samples": 4, "perturbations": ["gaussian_noise", "keyboard_typo"]}}
+    )
     cfg = RunConfig(target="py:tests.fakes:duck", suite=suite, data="builtin:shapes?n=8")
     with RunStore(tmp_path / "r.db") as store:
         result = run_suite(cfg, store)

@@ -44,7 +44,10 @@ def test_builtin_spec_options_and_errors() -> None:
 
 def test_jsonl_good(images: Path, tmp_path: Path) -> None:
     f = tmp_path / "eval.jsonl"
-    rows = [{"image": "imgs/0.png", "caption": "a red square", "label": "red"}, {"image": "imgs/1.png", "caption": "blue", "label": "blue"}]
+    rows = [
+        {"image": "imgs/0.png", "caption": "a red square", "label": "red"},
+        {"image": "imgs/1.png", "caption": "blue", "label": "blue"},
+    ]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     d = load_dataset(str(f))
     assert len(d) == 2 and d.has_captions and d.has_labels and d.classes == ["blue", "red"]
@@ -54,13 +57,19 @@ def test_jsonl_good(images: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"image": "imgs/0.png", "caption": "ok"}\n{"image": "imgs/missing.png", "caption": "x"}\n', r"eval.jsonl:2: image file not found"),
+        (
+            '{"image": "imgs/0.png", "caption": "ok"}\n{"image": "imgs/missing.png", "caption": "x"}\n',
+            r"eval.jsonl:2: image file not found",
+        ),
         ('{"image": "imgs/0.png", "caption": "ok"}\nnot json\n', r"eval.jsonl:2: not valid JSON"),
         ('{"image": "imgs/0.png"}\n', r"eval.jsonl:1: a row needs at least one of"),
         ('{"image": "imgs/0.png", "caption": 3}\n', r"eval.jsonl:1: 'caption' must be a string"),
         ('{"image": "imgs/0.png", "capton": "x"}\n', r"eval.jsonl:1: unknown field"),
         ('["imgs/0.png"]\n', r"eval.jsonl:1: each line must be a JSON object"),
-        ('{"image": "imgs/0.png", "caption": "a"}\n{"image": "imgs/1.png", "label": "b"}\n', r"1 of 2 rows have 'caption'"),
+        (
+            '{"image": "imgs/0.png", "caption": "a"}\n{"image": "imgs/1.png", "label": "b"}\n',
+            r"1 of 2 rows have 'caption'",
+        ),
         ("", r"no samples"),
     ],
 )

@@ -62,9 +62,22 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
 
     env["MMCHAOS_TEST_DELAY"] = "0"
     resumed = subprocess.run(
-        [sys.executable, "-m", "mmchaos.cli", "validate", "--resume", run_id[:17], "--store", str(db),
-         "--out", str(tmp_path / "out")],  # fmt: skip
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.cli",
+            "validate",
+            "--resume",
+            run_id[:17],
+            "--store",
+            str(db),
+            "--out",
+            str(tmp_path / "out"),
+        ],  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert resumed.returncode == 0, resumed.stderr
     with sqlite3.connect(db) as con:

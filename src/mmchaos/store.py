@@ -187,7 +187,18 @@ class RunStore:
         ).fetchone()
         if row is None:
             raise StoreError(f"no run {run_id!r} in {self.path}")
-        return RunRecord(*row[:6], json.loads(row[6]), json.loads(row[7]), json.loads(row[8]), json.loads(row[9]))
+        return RunRecord(
+            run_id=row[0],
+            created=row[1],
+            finished=row[2],
+            status=row[3],
+            target_uri=row[4],
+            suite_name=row[5],
+            config=json.loads(row[6]),
+            target=json.loads(row[7]),
+            dataset=json.loads(row[8]),
+            environment=json.loads(row[9]),
+        )
 
     def list_runs(self, limit: int = 50) -> list[tuple[RunRecord, dict[str, int]]]:
         rows = self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()

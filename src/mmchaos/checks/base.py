@@ -26,6 +26,8 @@ __all__ = [
     "Artifact",
     "Check",
     "CheckContext",
+    "CheckGate",
+    "CheckParams",
     "Finding",
     "Gate",
     "NullProgress",
@@ -122,16 +124,21 @@ class Finding:
         )
 
 
-class Params(BaseModel):
+class CheckParams(BaseModel):
     """Base of every check's parameters: validated at the boundary, unknown keys refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Gate(BaseModel):
+class CheckGate(BaseModel):
     """Base of every check's gate: the thresholds a finding is held against."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Short names for check modules: ``class MyParams(Params)``.
+Params = CheckParams
+Gate = CheckGate
 
 
 class ProgressTask(Protocol):
@@ -188,10 +195,10 @@ class Check:
     step: ClassVar[Step]
     requires: ClassVar[tuple[frozenset[Capability], ...]] = ()
     """Alternatives: the check runs when the target has every capability of at least one set."""
-    Params: ClassVar[type[Params]] = Params
-    Gate: ClassVar[type[Gate]] = Gate
+    Params: ClassVar[type[CheckParams]] = CheckParams
+    Gate: ClassVar[type[CheckGate]] = CheckGate
 
-    def __init__(self, params: Params | None = None, gate: Gate | None = None) -> None:
+    def __init__(self, params: CheckParams | None = None, gate: CheckGate | None = None) -> None:
         self.params = params if params is not None else self.Params()
         self.gate = gate if gate is not None else self.Gate()
 

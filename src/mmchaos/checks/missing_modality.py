@@ -114,7 +114,11 @@ class MissingModality(Check):
                     artifacts=artifacts,
                 )
             return self.finding(
-                ctx, Verdict.PASS, f"{label}: no crash, no invented text", metrics={"crashed": 0.0}, gate="no exception",
+                ctx,
+                Verdict.PASS,
+                f"{label}: no crash, no invented text",
+                metrics={"crashed": 0.0},
+                gate="no exception",
                 evidence=evidence,
             )
         arr = np.asarray(alone, dtype=np.float64)

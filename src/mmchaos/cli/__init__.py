@@ -115,7 +115,9 @@ def _print_summary(results: dict[str, Any], out_dir: Path, store_path: Path) -> 
     s = results["summary"]
     verdicts = ", ".join(f"{n} {v}" for v, n in s["verdicts"].items() if n)
     banner = "[bold green]ALL GATES PASS[/]" if s["exit_code"] == 0 else "[bold red]GATES FAILED[/]"
-    out.print(f"{banner}  {verdicts}  run {results['run_id']}  ({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)")
+    out.print(
+        f"{banner}  {verdicts}  run {results['run_id']}  ({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)"
+    )
     out.print(f"report: {out_dir / 'report.html'}  results: {out_dir / 'results.json'}  store: {store_path}")
 
 
@@ -180,8 +182,8 @@ def list_(
         for col in ("name", "modality", "group", "description", "source"):
             table.add_column(col)
         for name in perturb.names():
-            cls = perturb.REGISTRY.get(name)
-            table.add_row(name, cls.modality.value, cls.group, cls.summary(), cls.source)
+            pcls = perturb.REGISTRY.get(name)
+            table.add_row(name, pcls.modality.value, pcls.group, pcls.summary(), pcls.source)
     elif kind == "targets":
         from mmchaos.targets import SCHEMES
         from mmchaos.targets.builtin import BUILTIN_TARGETS

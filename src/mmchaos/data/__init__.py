@@ -29,7 +29,9 @@ def _builtin(spec: str) -> Dataset:
 
         split = opts.pop("split", "test")
         if split not in ("train", "val", "test") or opts:
-            raise DataError(f"builtin:shapes takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec")
+            raise DataError(
+                f"builtin:shapes takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec"
+            )
         return make_shapes(n or 512, seed=seed, split=split)
     if name == "textlines":
         from mmchaos.data.textlines import make_textlines

@@ -28,8 +28,8 @@ def load_image_file(path: Path) -> ImageArray:
     try:
         with Image.open(path) as img:
             img.load()
-            img = ImageOps.exif_transpose(img) or img
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+            upright = ImageOps.exif_transpose(img) or img
+            return np.asarray(upright.convert("RGB"), dtype=np.uint8)
     except FileNotFoundError as exc:
         raise DataError(f"image file not found: {path}", code="data_missing_file") from exc
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:

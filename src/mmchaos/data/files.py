@@ -37,7 +37,9 @@ def _check_image(path: Path, where: str) -> None:
 def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> Sample:
     unknown = sorted(set(row) - set(FIELDS))
     if unknown:
-        raise DataError(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(FIELDS)}", code="data_bad_row")
+        raise DataError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(FIELDS)}", code="data_bad_row"
+        )
     image = row.get("image")
     if not isinstance(image, str) or not image.strip():
         raise DataError(f"{where}: missing 'image' path", code="data_bad_row")
@@ -74,7 +76,7 @@ def _finish(name: str, samples: list[Sample], source: Path) -> Dataset:
 
 
 def load_jsonl(path: Path) -> Dataset:
-    samples = []
+    samples: list[Sample] = []
     with path.open("r", encoding="utf-8", errors="strict") as fh:
         try:
             lines = list(fh)
@@ -95,7 +97,7 @@ def load_jsonl(path: Path) -> Dataset:
 
 
 def load_csv(path: Path) -> Dataset:
-    samples = []
+    samples: list[Sample] = []
     try:
         with path.open("r", encoding="utf-8", newline="") as fh:
             reader = csv.DictReader(fh)
@@ -116,7 +118,7 @@ def load_csv(path: Path) -> Dataset:
 
 def load_folder(path: Path) -> Dataset:
     """``root/<class name>/<image>``: the folder name is the label; other files are an error."""
-    samples = []
+    samples: list[Sample] = []
     classes = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise DataError(f"{path}: expected one subfolder per class", code="data_empty")

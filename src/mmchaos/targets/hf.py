@@ -15,7 +15,7 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
-from mmchaos.targets.base import Capability, FloatArray, Fingerprint, ImageArray, Target, hash_files
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, hash_files
 
 __all__ = ["HFContrastiveTarget"]
 

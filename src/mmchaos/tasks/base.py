@@ -71,7 +71,8 @@ def batched(fn: Callable[[Sequence[In]], Any], items: Sequence[In], batch_size: 
 
 def l2_normalise(x: FloatArray) -> FloatArray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+    out: FloatArray = (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+    return out
 
 
 def embed(target: Target, method: str, items: Sequence[Any], batch_size: int) -> FloatArray:

@@ -77,7 +77,8 @@ class ZeroShotClassification(Task):
 def _ranks(sim: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
     """Rank (0 = best) of the diagonal entry of each row of a square similarity matrix."""
     diag = np.diag(sim)[:, None]
-    return (sim > diag).sum(axis=1).astype(np.int64)
+    ranks: npt.NDArray[np.int64] = (sim > diag).sum(axis=1).astype(np.int64)
+    return ranks
 
 
 class _Retrieval(Task):
