@@ -1,0 +1,295 @@
+"""The built-in OCR stack: textlines dataset, CER metric and the PP-OCR target (real inference)."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmchaos.data.textlines import make_textline, make_textlines, render_textline
+from mmchaos.errors import TargetCallError
+from mmchaos.targets.base import Capability, hash_files
+from mmchaos.tasks.ocr_metrics import cer, corpus_cer, levenshtein, normalise_ocr_text
+
+
+def _dp_levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+# -- metric ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("", "", 0),
+        ("", "abc", 3),
+        ("abc", "", 3),
+        ("kitten", "sitting", 3),
+        ("flaw", "lawn", 2),
+        ("INV-20431", "lNV-2043l", 2),
+        ("café", "cafe", 1),
+        ("日本語", "日本", 1),
+        ("a😀b", "ab", 1),
+        ("x" * 300 + "y", "y" + "x" * 300, 2),
+    ],
+)
+def test_levenshtein_known_values(a: str, b: str, expected: int) -> None:
+    assert levenshtein(a, b) == expected
+    assert levenshtein(b, a) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abcé ", max_size=14), st.text(alphabet="abcé ", max_size=14))
+def test_levenshtein_matches_dynamic_programming(a: str, b: str) -> None:
+    assert levenshtein(a, b) == _dp_levenshtein(a, b)
+
+
+def test_levenshtein_long_random_strings() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = "".join(rng.choice(list("abcdefgh"), size=int(rng.integers(0, 150))))
+        b = "".join(rng.choice(list("abcdefgh"), size=int(rng.integers(0, 150))))
+        assert levenshtein(a, b) == _dp_levenshtein(a, b)
+
+
+def test_normalise_collapses_whitespace_runs_and_strips() -> None:
+    assert normalise_ocr_text("  Total \t $12.99 \n\n due  ") == "Total $12.99 due"
+    # No-break, em and ideographic spaces, line separators: all whitespace.
+    assert normalise_ocr_text("a\u00a0b\u2003c\u3000d\u2028e") == "a b c d e"
+    assert normalise_ocr_text(" \t\n ") == ""
+
+
+def test_normalise_is_nfc_and_case_sensitive() -> None:
+    decomposed = "cafe\u0301"
+    assert normalise_ocr_text(decomposed) == "caf\u00e9"
+    assert unicodedata.is_normalized("NFC", normalise_ocr_text(decomposed))
+    assert normalise_ocr_text("Total TOTAL") == "Total TOTAL"
+    # Compatibility forms are not folded: a full-width colon is another character.
+    assert normalise_ocr_text("12：30") != "12:30"
+
+
+def test_cer_rules() -> None:
+    assert cer("Total $12.99", "Total $12.99") == 0.0
+    assert cer("  Total   $12.99\n", "Total $12.99") == 0.0  # gap width does not count
+    assert cer("Total$12.99", "Total $12.99") == pytest.approx(1 / 12)  # a lost gap does
+    assert cer("total", "Total") == pytest.approx(1 / 5)  # case-sensitive
+    assert cer("cafe\u0301", "caf\u00e9") == 0.0  # NFC
+    assert cer("", "abcd") == 1.0
+    assert cer("abc", "") == 3.0  # empty reference divides by 1
+    assert cer("abcabcabc", "abc") == 2.0  # can exceed 1
+
+
+def test_corpus_cer_weights_by_reference_length() -> None:
+    preds = ["abcd", "x"]
+    refs = ["abce", "y"]
+    assert corpus_cer(preds, refs) == pytest.approx(2 / 5)
+    assert corpus_cer([], []) == 0.0
+    with pytest.raises(ValueError):
+        corpus_cer(["a"], ["a", "b"])
+
+
+# -- dataset -----------------------------------------------------------------------------------
+
+
+def test_textlines_deterministic_and_independent_of_n() -> None:
+    a, b = make_textlines(6, seed=3), make_textlines(6, seed=3)
+    longer = make_textlines(9, seed=3)
+    for x, y, z in zip(a, b, longer, strict=False):
+        assert x.image is not None and y.image is not None and z.image is not None
+        assert x.image.tobytes() == y.image.tobytes() == z.image.tobytes()
+        assert x.text == y.text == z.text
+    assert make_textline(3, 7).text == longer[7].text
+    other = make_textlines(6, seed=4)
+    assert [s.text for s in other] != [s.text for s in a]
+
+
+def test_textlines_fields_and_content() -> None:
+    ds = make_textlines(200, seed=0)
+    assert ds.name == "textlines"
+    assert ds.source == "builtin:textlines?seed=0&n=200"
+    assert ds.has_transcriptions and not ds.has_labels and not ds.has_captions
+    inverted = 0
+    for s in ds:
+        assert s.image is not None
+        assert s.image.dtype == np.uint8 and s.image.ndim == 3 and s.image.shape[2] == 3
+        assert s.image.shape[0] == 48
+        assert s.text is not None and 2 <= len(s.text.split()) <= 6
+        assert s.text == normalise_ocr_text(s.text)
+        assert "€" not in s.text  # neither the bundled font nor PP-OCRv4's dictionary has it
+        inverted += bool(s.meta["inverted"])
+    assert 5 <= inverted <= 60  # a few light-on-dark lines
+    assert make_textlines(2, height=64)[0].image.shape[0] == 64  # type: ignore[union-attr]
+
+
+def test_render_textline_draws_ink() -> None:
+    img = render_textline("INV-20431", 28, 48, (0, 0, 0), (255, 255, 255), 8, 8)
+    assert img.shape[0] == 48
+    assert (img < 128).any() and (img > 128).any()
+
+
+# -- target ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ppocr() -> Iterator[object]:
+    pytest.importorskip("rapidocr_onnxruntime")
+    from mmchaos.targets.ppocr import PPOCRTarget
+
+    target = PPOCRTarget()
+    yield target
+    target.close()
+
+
+def test_construction_is_lazy_and_fingerprint_stable() -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    from mmchaos.targets.ppocr import _MODEL_FILES, PPOCRTarget
+
+    a, b = PPOCRTarget(), PPOCRTarget()
+    assert a.uri == "builtin:ppocr" and a.has(Capability.READ_TEXT, Capability.PREPROCESS)
+    assert not a.has(Capability.EMBED_IMAGE)
+    fa, fb = a.fingerprint(), b.fingerprint()
+    assert a._engine is None and b._engine is None  # neither construction nor hashing loads it
+    assert fa == fb and fa.digest == fb.digest
+    assert fa.weights == hash_files([a._package_dir / "models" / f for f in _MODEL_FILES])
+    assert len(fa.config) == 64
+    assert set(fa.versions) == {"rapidocr_onnxruntime", "onnxruntime", "numpy"}
+    assert "unknown" not in fa.versions.values()
+    det = PPOCRTarget(detect=True)
+    assert det.uri == "builtin:ppocr-det"
+    assert det.fingerprint().weights == fa.weights
+    assert det.fingerprint().digest != fa.digest
+
+
+@pytest.mark.integration
+def test_reads_clean_textlines(ppocr: object) -> None:
+    ds = make_textlines(30, seed=0)
+    preds = ppocr.read_text([s.load_image() for s in ds])  # type: ignore[attr-defined]
+    assert len(preds) == 30 and all(isinstance(p, str) for p in preds)
+    refs = [s.text or "" for s in ds]
+    assert corpus_cer(preds, refs) < 0.1
+    assert ppocr.read_text([]) == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_blank_and_degenerate_images_read_empty(ppocr: object) -> None:
+    images = [
+        np.full((48, 300, 3), 255, np.uint8),
+        np.zeros((48, 300, 3), np.uint8),
+        np.full((5, 5, 3), 255, np.uint8),
+        np.zeros((0, 10, 3), np.uint8),
+    ]
+    assert ppocr.read_text(images) == ["", "", "", ""]  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_colour_order_matches_rapidocrs_own_rgb_path(ppocr: object) -> None:
+    """Our RGB->BGR conversion gives exactly what RapidOCR reads from the same PIL image."""
+    from PIL import Image
+
+    ds = make_textlines(8, seed=11)
+    images = [s.load_image() for s in ds]
+    engine = ppocr.engine  # type: ignore[attr-defined]
+    expected = []
+    for img in images:
+        result, _ = engine(Image.fromarray(img), use_det=False, use_cls=False, use_rec=True)
+        expected.append(str(result[0][0]).strip() if result else "")
+    assert ppocr.read_text(images) == expected  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_swapped_channels_still_read(ppocr: object) -> None:
+    """PP-OCRv4 is nearly colour-blind on these lines: BGR-ordered input still reads, which is
+    why a wrong channel order would go unnoticed by CER and is pinned by the exact test above."""
+    ds = make_textlines(10, seed=5)
+    refs = [s.text or "" for s in ds]
+    rgb = [s.load_image() for s in ds]
+    bgr = [np.ascontiguousarray(img[:, :, ::-1]) for img in rgb]
+    assert corpus_cer(ppocr.read_text(rgb), refs) < 0.1  # type: ignore[attr-defined]
+    assert corpus_cer(ppocr.read_text(bgr), refs) < 0.1  # type: ignore[attr-defined]
+    # Saturated colours: blue text on yellow becomes red on cyan when the channels swap.
+    img = render_textline("Total $12.99 due", 30, 48, (20, 40, 200), (240, 230, 40), 10, 10)
+    assert cer(ppocr.read_text([img])[0], "Total $12.99 due") < 0.15  # type: ignore[attr-defined]
+    assert cer(ppocr.read_text([img[:, :, ::-1].copy()])[0], "Total $12.99 due") < 0.15  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_input_coercion_and_rejection(ppocr: object) -> None:
+    img = make_textline(0, 1).load_image()
+    (colour,) = ppocr.read_text([img])  # type: ignore[attr-defined]
+    gray = np.asarray(img.mean(axis=2), dtype=np.uint8)
+    rgba = np.concatenate([img, np.full(img.shape[:2] + (1,), 255, np.uint8)], axis=2)
+    gray_text, rgba_text = ppocr.read_text([gray, rgba])  # type: ignore[attr-defined]
+    assert rgba_text == colour
+    assert cer(gray_text, colour) < 0.2
+    with pytest.raises(TargetCallError):
+        ppocr.read_text([img.astype(np.float32)])  # type: ignore[attr-defined]
+    with pytest.raises(TargetCallError):
+        ppocr.read_text([np.zeros((4, 4, 5), np.uint8)])  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_preprocess_is_what_the_recogniser_sees(ppocr: object) -> None:
+    img = make_textline(0, 2).load_image()
+    (a,) = ppocr.preprocess([img])  # type: ignore[attr-defined]
+    (b,) = ppocr.preprocess([img])  # type: ignore[attr-defined]
+    assert a.dtype == np.float32 and a.shape[:3] == (1, 3, 48) and a.shape[3] >= 320
+    assert np.array_equal(a, b)
+    assert float(a.min()) >= -1.0 and float(a.max()) <= 1.0
+
+
+@pytest.mark.integration
+def test_batched_recognition_is_close_to_looped() -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    from mmchaos.targets.ppocr import PPOCRTarget
+
+    ds = make_textlines(12, seed=2)
+    images = [s.load_image() for s in ds]
+    refs = [s.text or "" for s in ds]
+    batched = PPOCRTarget(batch_size=6)
+    assert corpus_cer(batched.read_text(images), refs) < 0.1
+
+
+@pytest.mark.integration
+def test_detect_mode_reads_a_page_in_reading_order() -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    from mmchaos.targets.ppocr import PPOCRTarget
+
+    lines = [s for s in make_textlines(12, seed=0) if not s.meta["inverted"]][:3]
+    width = max(s.load_image().shape[1] for s in lines) + 80
+    page = np.full((len(lines) * 70 + 60, width, 3), 240, np.uint8)
+    for j, s in enumerate(lines):
+        img = s.load_image()
+        page[30 + j * 70 : 30 + j * 70 + img.shape[0], 40 : 40 + img.shape[1]] = img
+    target = PPOCRTarget(detect=True)
+    text, blank = target.read_text([page, np.full((200, 300, 3), 255, np.uint8)])
+    reference = " ".join(s.text or "" for s in lines)
+    assert cer(text, reference) < 0.15
+    assert blank == ""
+
+
+def test_reading_order_groups_lines_then_sorts_left_to_right() -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    from mmchaos.targets.ppocr import _reading_order
+
+    def box(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+        return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], dtype=np.float32)
+
+    boxes = [
+        box(200, 52, 300, 80),  # line 2, right (slightly lower)
+        box(150, 12, 260, 40),  # line 1, right, 2 px lower than its left neighbour
+        box(10, 10, 120, 38),  # line 1, left
+        box(10, 50, 150, 78),  # line 2, left
+    ]
+    assert _reading_order(boxes) == [2, 1, 3, 0]
+    assert _reading_order([]) == []
