@@ -15,7 +15,17 @@ children to exit code 2; anything else escaping a check becomes an ``error`` fin
     │   ├── MissingDependencyError       an optional extra is not installed
     │   └── StoreError                   the run store cannot be opened or lacks a run
     ├── CapabilityError                  a check asked a target for something it cannot do
-    └── TargetCallError                  the target raised or returned garbage during a call
+    ├── TargetCallError                  the target raised or returned garbage during a call
+    ├── PreflightError                   an input broke the serving contract (http_status)
+    │   ├── MalformedInputError          400: corrupt, truncated, invalid UTF-8, empty
+    │   ├── InputTooLargeError           413: bytes, pixels, element count, bomb, text, tokens
+    │   ├── UnsupportedInputError        415: a format or mode the contract does not accept
+    │   └── UnprocessableInputError      422: too small, aspect ratio, animated, NaN
+    ├── CallNotPermitted                 the circuit breaker is open (503, retry_after)
+    └── CompatibilityError               model components that do not belong together
+
+The guard errors live in :mod:`mmchaos.guard` (imported lazily: serving code pays only for
+what it uses).
 """
 
 from __future__ import annotations
