@@ -216,6 +216,16 @@ def list_(
     out.print(table)
 
 
+def _register_subcommands() -> None:
+    """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from mmchaos.cli import proxy_cmd
+
+    proxy_cmd.register(app)
+
+
+_register_subcommands()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: mmchaos errors become one line on stderr and exit code 2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
