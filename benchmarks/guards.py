@@ -312,14 +312,110 @@ def bench_fingerprint(n: int) -> list[Row]:
     return [Row("fingerprint", "check_compatible(a, b), equal", med, p99, "bare call", 0.0, "a startup check")]
 
 
-def bench_server(**_: Any) -> list[Row]:
+def bench_server(
+    quick: bool | None = None, *, requests: int | None = None, concurrency: int = 4, rounds: int = 3, **_: Any
+) -> list[Row]:
     """Requests/s and latency of ``/v1/embeddings`` on builtin:tiny-clip, guards on vs off.
 
-    To be filled in with the reference server (``mmchaos serve``): start it twice on a free
-    loopback port (guards on, guards off), drive the same bounded load against both, and return
-    rows whose note carries the on/off throughput ratio. Returns no rows until then.
+    Two reference servers (guards on, guards off) on free loopback ports in this process, the same
+    target object behind both; ``concurrency`` client threads send the same bounded load (``requests``
+    per round, and never more than 20 s per round) to each in turn, ``rounds`` times, alternating
+    which goes first. Latency is wall time per request at the client; the figure is the guards-on /
+    guards-off throughput ratio. Falls back to the numpy hash_embed fake when tiny-clip is absent.
     """
-    return []
+    import base64
+    import threading
+
+    import httpx
+
+    from mmchaos.server import ServerConfig, ServerThread
+    from mmchaos.targets import load_target
+    from mmchaos.targets.builtin import TINY_CLIP_DIR
+
+    quick = "--quick" in sys.argv if quick is None else quick
+    requests = requests or (60 if quick else 400)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fakes, for the fallback
+    uri = "builtin:tiny-clip" if (TINY_CLIP_DIR / "model.safetensors").is_file() else "py:tests.fakes:hash_embed"
+    target = load_target(uri)
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)).save(buf, "PNG")
+    image = {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()},
+    }
+    bodies = {
+        "image": {"input": [image], "encoding_format": "base64"},
+        "text": {"input": [PROMPT], "encoding_format": "base64"},
+    }
+
+    def drive(url: str, body: dict[str, Any]) -> tuple[list[float], float]:
+        """Latencies (us) of ``requests`` requests from ``concurrency`` threads, and their wall time."""
+        lock = threading.Lock()
+        todo = [requests]
+        lat: list[float] = []
+        deadline = time.monotonic() + 20.0
+
+        def worker() -> None:
+            with httpx.Client(base_url=url, timeout=30.0) as client:
+                while True:
+                    with lock:
+                        if todo[0] <= 0 or time.monotonic() > deadline:
+                            return
+                        todo[0] -= 1
+                    t0 = time.perf_counter_ns()
+                    resp = client.post("/v1/embeddings", json=body)
+                    t1 = time.perf_counter_ns()
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"benchmark request failed: {resp.status_code} {resp.text[:200]}")
+                    with lock:
+                        lat.append((t1 - t0) / 1000.0)
+
+        threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return lat, time.perf_counter() - start
+
+    rows: list[Row] = []
+    configs = {
+        "on": ServerConfig(max_concurrency=concurrency, max_queue=4 * concurrency),
+        "off": ServerConfig(guards=False, max_concurrency=concurrency),
+    }
+    try:
+        with ServerThread(target, configs["on"]) as on, ServerThread(target, configs["off"]) as off:
+            servers = {"on": on, "off": off}
+            for kind, body in bodies.items():
+                lat: dict[str, list[float]] = {"on": [], "off": []}
+                wall: dict[str, float] = {"on": 0.0, "off": 0.0}
+                for name in ("on", "off"):  # warm-up: JIT-free, but caches, pools and the drift reference
+                    drive(servers[name].url, body)
+                for r in range(rounds):
+                    for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                        got, seconds = drive(servers[name].url, body)
+                        lat[name] += got
+                        wall[name] += seconds
+                rps = {k: len(lat[k]) / wall[k] for k in lat}
+                med = {k: statistics.median(lat[k]) for k in lat}
+                p99 = {k: _pct(lat[k], 0.99) for k in lat}
+                rows.append(
+                    Row(
+                        "server",
+                        f"/v1/embeddings, 1 {kind} ({'224x224 PNG' if kind == 'image' else 'short prompt'}), "
+                        f"{uri}, {concurrency} clients",
+                        med["on"] - med["off"],
+                        p99["on"] - p99["off"],
+                        "guards off",
+                        med["off"],
+                        f"{rps['on']:.0f} vs {rps['off']:.0f} req/s: guards on/off = {rps['on'] / rps['off']:.2f}x; "
+                        f"p50 {med['on'] / 1000:.2f} vs {med['off'] / 1000:.2f} ms, n={len(lat['on'])}",
+                    )
+                )
+    finally:
+        target.close()
+    return rows
 
 
 def table(rows: list[Row]) -> str:

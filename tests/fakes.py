@@ -115,3 +115,70 @@ def duck() -> DuckTarget:
 
 def not_a_target() -> object:
     return object()
+
+
+class ShapeColourTarget(Target):
+    """Correct, if simple: a classical-vision CLIP stand-in that actually recognises the shapes data.
+
+    Images: median-filter (denoise), segment the shape from the border's colour, name its mean
+    colour (nearest of the shapes palette) and its shape (how much of its bounding box it fills);
+    the embedding is the sum of those two words' vectors. Texts: bag of words. So the class
+    prompt "a photo of a red circle." is closest to a red circle's image, and captions retrieve
+    their images. About 70% zero-shot accuracy on builtin:shapes, robust to sensor noise.
+    """
+
+    uri = "py:tests.fakes:ShapeColourTarget"
+    capabilities = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
+    denoise = True
+
+    def __init__(self) -> None:
+        from mmchaos.data.shapes import COLOURS
+
+        self._names = list(COLOURS)
+        self._palette = np.array([COLOURS[c] for c in self._names], dtype=np.float64)
+
+    def classify(self, img: np.ndarray) -> tuple[str, str]:
+        import cv2
+
+        rgb = np.ascontiguousarray(img[..., :3]) if img.ndim == 3 else np.repeat(img[..., None], 3, axis=2)
+        x = (cv2.medianBlur(rgb, 5) if self.denoise else rgb).astype(np.float64)
+        bg = np.median(np.concatenate([x[0], x[-1], x[:, 0], x[:, -1]]), axis=0)
+        dist = np.linalg.norm(x - bg, axis=2)
+        mask = dist > 0.5 * max(float(dist.max()), 1e-6)
+        ys, xs = np.nonzero(mask)
+        if not len(ys):  # a blank image: nothing to recognise
+            return "nothing", "nothing"
+        colour = self._colour(x, mask, ys, xs)
+        name = self._names[int(np.argmin(np.linalg.norm(self._palette - colour, axis=1)))]
+        fill = mask.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+        shape = "square" if fill > 0.88 else "circle" if fill > 0.7 else "cross" if fill > 0.55 else "triangle"
+        return name, shape
+
+    def _colour(self, x: np.ndarray, mask: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+        return x[mask].mean(axis=0)
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return np.stack([sum(_text_vector(w) for w in self.classify(i)) for i in images]).astype(np.float32)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        words = [[w.strip(".,;:!?") for w in t.lower().split()] for t in texts]
+        return np.stack([sum((_text_vector(w) for w in ws if w), np.full(DIM, 0.01)) for ws in words]).astype(
+            np.float32
+        )
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(weights="shape-colour-v1")
+
+
+class OnePixelColourTarget(ShapeColourTarget):
+    """Broken: reads the colour of the one pixel at the shape's centre, without denoising.
+
+    Clean images are fine (more accurate than the correct target, even), but sensor noise flips
+    the colour of single pixels, so noise perturbations wreck it: the robustness check must fail it.
+    """
+
+    uri = "py:tests.fakes:OnePixelColourTarget"
+    denoise = False
+
+    def _colour(self, x: np.ndarray, mask: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+        return x[int(ys.mean()), int(xs.mean())]

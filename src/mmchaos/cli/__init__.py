@@ -60,6 +60,10 @@ def validate(
     allow_pickle: Annotated[
         bool, typer.Option("--allow-pickle-weights", help="let hf: targets load non-safetensors weights")
     ] = False,
+    model: Annotated[str | None, typer.Option("--model", help="openai: targets: the served model name")] = None,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
+    ] = False,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
     from mmchaos.cli.progress import RichProgress
@@ -76,7 +80,12 @@ def validate(
             suite=load_suite(suite),
             data=data,
             seed=seed,
-            options=TargetOptions(trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle),
+            options=TargetOptions(
+                trust_remote_code=trust_remote_code,
+                use_safetensors=not allow_pickle,
+                model=model,
+                allow_remote=allow_remote,
+            ),
         )
     with RunStore(store_path) as store:
         with RichProgress(err) as progress:
@@ -194,8 +203,12 @@ def list_(
             table.add_row(f"builtin:{name}", desc)
         table.add_row("hf:<dir-or-hub-id>", "a transformers CLIP/SigLIP-style model from disk or the local hub cache")
         table.add_row("py:<module>:<factory>", "your own pipeline: a factory returning a mmchaos Target")
+        table.add_row(
+            "openai:<base-url>",
+            "a live OpenAI-compatible endpoint (vLLM, mmchaos serve); --model, loopback only unless --allow-remote",
+        )
         for scheme in SCHEMES.names():
-            if scheme not in ("builtin", "hf", "py"):
+            if scheme not in ("builtin", "hf", "py", "openai"):
                 table.add_row(f"{scheme}:...", "plug-in target scheme (entry point)")
     elif kind == "suites":
         from mmchaos.suites import BUILTIN_SUITES, load_suite
@@ -218,9 +231,10 @@ def list_(
 
 def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
-    from mmchaos.cli import proxy_cmd
+    from mmchaos.cli import proxy_cmd, serve_cmd
 
     proxy_cmd.register(app)
+    serve_cmd.register(app)
 
 
 _register_subcommands()

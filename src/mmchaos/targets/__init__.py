@@ -26,6 +26,10 @@ class TargetOptions:
     trust_remote_code: bool = False
     use_safetensors: bool = True
     device: str = "cpu"
+    model: str | None = None
+    """openai: targets: the served model name (default: the one the endpoint lists)."""
+    allow_remote: bool = False
+    """openai: targets: allow hosts that are not loopback addresses."""
 
 
 TargetFactory = Callable[..., Target]
@@ -75,6 +79,8 @@ def _py(rest: str, **options: Any) -> Target:
 SCHEMES.register("builtin", _builtin)
 SCHEMES.register("hf", _hf)
 SCHEMES.register("py", _py)
+SCHEMES.register("onnx", "mmchaos.targets.onnx:load_onnx")
+SCHEMES.register("openai", "mmchaos.targets.openai_http:load_openai")
 
 
 class _ForeignTarget(Target):

@@ -1,0 +1,82 @@
+"""``mmchaos serve``: the reference server over a target, guards on; a thin layer over
+:mod:`mmchaos.server`. Registered on the main app by :func:`register`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mmchaos.errors import ConfigError
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command to ``app`` (once, however often it is called)."""
+    if any(info.name == "serve" for info in app.registered_commands):
+        return
+    app.command("serve")(serve_command)
+
+
+def serve_command(
+    target: Annotated[str, typer.Option("--target", "-t", help="target URI")] = "builtin:tiny-clip",
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", help="port (0: a free one)", min=0, max=65535)] = 8000,
+    contract: Annotated[
+        Path | None, typer.Option("--contract", help="Preflight input contract (YAML)", show_default=False)
+    ] = None,
+    max_concurrency: Annotated[
+        int, typer.Option("--max-concurrency", help="requests decoded and run at once", min=1)
+    ] = 4,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="requests allowed to wait (429 beyond)", min=0)] = 64,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds per request (504 past it)", min=0.001)] = 30.0,
+    model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="model id clients send (default: from the URI)")
+    ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option("--api-key-env", help="require Authorization: Bearer $NAME on /v1 requests", show_default=False),
+    ] = None,
+    no_guards: Annotated[
+        bool, typer.Option("--no-guards", help="serve the bare target (benchmark baseline only)")
+    ] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
+    ] = False,
+) -> None:
+    """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
+    from mmchaos.server import ServerConfig, contract_from_yaml, serve
+    from mmchaos.targets import TargetOptions, load_target
+
+    settings: dict[str, Any] = {
+        "max_concurrency": max_concurrency,
+        "max_queue": max_queue,
+        "request_timeout": timeout,
+        "guards": not no_guards,
+        "model_name": model_name,
+    }
+    if contract is not None:
+        settings["contract"] = contract_from_yaml(contract)
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ConfigError(f"--api-key-env {api_key_env}: the environment variable is not set")
+        settings["api_keys"] = (key,)
+    config = ServerConfig.build(**settings)
+    loaded = load_target(target, TargetOptions(trust_remote_code=trust_remote_code))
+    try:
+        guards = "guards off" if no_guards else "guards on"
+
+        def ready(url: str) -> None:
+            # One plain line on stderr that scripts (and the tests) wait for.
+            sys.stderr.write(f"mmchaos serve: {target} on {url}/v1 ({guards}); Ctrl-C or SIGTERM stops\n")
+            sys.stderr.flush()
+
+        serve(loaded, config, host=host, port=port, graceful_timeout=timeout + 5.0, on_ready=ready)
+    finally:
+        loaded.close()

@@ -1,0 +1,87 @@
+"""Configuration of the reference server: limits, guards and their settings, validated at the boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from mmchaos.guard._config import build_config, load_yaml_config
+from mmchaos.guard.breaker import BreakerConfig
+from mmchaos.guard.drift import DriftConfig
+from mmchaos.guard.preflight import InputContract
+
+__all__ = ["DEFAULT_BREAKER", "DEFAULT_CONTRACT", "ServerConfig", "contract_from_yaml"]
+
+#: The server's input contract unless one is given: Preflight's defaults, except that empty and
+#: whitespace-only texts go to the model (a CLIP text tower embeds them; rejecting them would change
+#: what the model answers, not protect it).
+DEFAULT_CONTRACT = InputContract.model_validate({"allow_empty_text": True})
+
+#: Opens when half of the last 20 model calls failed (or ran past the slow-call threshold, the
+#: request timeout unless set), once 10 calls were seen; tries 3 calls again after 5 s.
+DEFAULT_BREAKER = BreakerConfig.model_validate(
+    {
+        "failure_rate_threshold": 50.0,
+        "slow_call_rate_threshold": 100.0,
+        "sliding_window_size": 20,
+        "minimum_number_of_calls": 10,
+        "wait_duration_in_open_state": 5.0,
+        "permitted_number_of_calls_in_half_open_state": 3,
+    }
+)
+
+
+class ServerConfig(BaseModel):
+    """How ``mmchaos serve`` guards a target. Durations are seconds, sizes bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The model id clients send and ``/v1/models`` lists; default: the last part of the target URI.
+    model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    #: False serves the bare target (no Preflight, breaker, drift, SLO, admission limit or timeout):
+    #: the baseline of the guard-overhead benchmark, never a production setting.
+    guards: bool = True
+    contract: InputContract = DEFAULT_CONTRACT
+    #: Requests decoded and run at once; the model itself runs one call at a time (targets are not
+    #: assumed thread-safe).
+    max_concurrency: int = Field(default=4, ge=1, le=1024)
+    #: Requests allowed to wait for a slot; one more is answered 429 with Retry-After.
+    max_queue: int = Field(default=64, ge=0, le=100_000)
+    #: Whole-request budget (queueing, decoding, model); past it the answer is 504.
+    request_timeout: float = Field(default=30.0, gt=0.0, le=3600.0)
+    #: None: :data:`DEFAULT_BREAKER` with the slow-call threshold at the request timeout (a call
+    #: the client has already given up on is slow).
+    breaker: BreakerConfig | None = None
+    drift: DriftConfig = Field(default_factory=lambda: DriftConfig.model_validate({}))
+    #: Availability objective of the in-process burn-rate SLO (5xx answers are the bad events).
+    slo_objective: float = Field(default=0.999, gt=0.0, lt=1.0)
+    #: Largest request body; a bigger one is refused (413) before it is parsed.
+    max_body_bytes: int = Field(default=32 * 2**20, ge=1024)
+    #: Most inputs in one embeddings request (413 above).
+    max_items: int = Field(default=64, ge=1, le=4096)
+    #: When set, requests need ``Authorization: Bearer <key>`` with one of these keys (401 otherwise).
+    api_keys: tuple[SecretStr, ...] = ()
+
+    def breaker_config(self) -> BreakerConfig:
+        if self.breaker is not None:
+            return self.breaker
+        return DEFAULT_BREAKER.model_copy(update={"slow_call_duration_threshold": self.request_timeout})
+
+    @classmethod
+    def build(cls, base: ServerConfig | None = None, **settings: Any) -> ServerConfig:
+        """``base`` (or the defaults) with ``settings`` laid over it; bad values raise ConfigError."""
+        return build_config(cls, base, settings, "server config")
+
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> ServerConfig:
+        return load_yaml_config(cls, source, "server config")
+
+
+def contract_from_yaml(source: str | Path) -> InputContract:
+    """An input contract file for ``mmchaos serve --contract`` (empty texts allowed unless it says)."""
+    contract = InputContract.from_yaml(source)
+    if "allow_empty_text" in contract.model_fields_set:
+        return contract
+    return InputContract.model_validate({**contract.model_dump(), "allow_empty_text": True})

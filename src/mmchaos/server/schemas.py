@@ -1,0 +1,158 @@
+"""Request and response bodies of the reference server, in the OpenAI API's shapes.
+
+Images travel as ``data:`` URLs inside ``image_url`` content parts, as in OpenAI's chat API and
+vLLM's multimodal embeddings. The server never fetches ``http(s)`` URLs (no server-side request
+forgery): anything but a ``data:`` URL is refused with ``bad_data_url``.
+
+Unknown fields are ignored, as vLLM does, so OpenAI clients that send ``user``, ``temperature``
+and the like keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatMessage",
+    "ContentPart",
+    "EmbeddingRequest",
+    "EmbeddingResponse",
+    "ErrorBody",
+    "ErrorDetail",
+    "ImageURL",
+    "ImageURLPart",
+    "ModelCard",
+    "ModelList",
+    "TextPart",
+]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ImageURL(_Lenient):
+    url: str = Field(description="a data: URL, e.g. data:image/png;base64,iVBORw0...")
+    detail: str | None = None
+
+
+class ImageURLPart(_Lenient):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+ContentPart = Annotated[ImageURLPart | TextPart, Field(discriminator="type")]
+
+
+class ChatMessage(_Lenient):
+    role: str = Field(max_length=64)
+    content: str | list[ContentPart] | None = None
+
+
+class EmbeddingRequest(_Lenient):
+    """OpenAI's embeddings request, with images.
+
+    ``input``: a string, or a list whose items are strings or content parts (one embedding per
+    item, in order; a ``{"type": "image_url", ...}`` item is an image). ``messages`` (vLLM's chat
+    embeddings form) is one conversation holding one image or one text: one embedding.
+    """
+
+    model: str | None = None
+    input: str | list[str | ContentPart] | None = None
+    messages: list[ChatMessage] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EmbeddingRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'input' and 'messages'")
+        return self
+
+
+class ChatCompletionRequest(_Lenient):
+    """OpenAI's chat completion request; images in ``image_url`` content parts of user messages."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    user: str | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = None
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop"] = "stop"
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, rate_limit_error, server_error, ...")
+    param: str | None = None
+    code: str | None = Field(None, description="stable machine-readable code, e.g. image_too_large")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mmchaos"
+    mmchaos: dict[str, Any] = Field(
+        default_factory=dict, description="target URI, capabilities, fingerprint and input limits"
+    )
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,555 @@
+"""``openai:<base-url>``: a live OpenAI-compatible endpoint (vLLM, ``mmchaos serve``, ...) as a target.
+
+Embeddings go to ``POST {base}/embeddings``: texts as ``input`` strings; images as ``data:`` URLs,
+either batched as ``input`` items ``{"type": "image_url", "image_url": {"url": ...}}`` (servers that
+advertise it: ``mmchaos serve``) or one per request in vLLM's chat-embeddings form
+(``messages`` with one ``image_url`` part). Reading text goes to ``POST {base}/chat/completions``,
+one image per request; the reply is the transcription.
+
+Arrays are sent as lossless PNG, encoded bytes (``embed_encoded_images``) exactly as given, so the
+server's own decoder is what the contract check exercises. Requests go only to loopback addresses
+unless ``allow_remote`` (checked by resolving the host; for ``http`` the resolved address is then
+used, so a later DNS answer cannot move the traffic elsewhere). 429 and 503 answers are retried with
+jittered exponential backoff that honours Retry-After; nothing else is retried.
+
+How failures surface, mirroring an in-process target: a 4xx answer is the server refusing the
+input, a typed :class:`~mmchaos.errors.TargetCallError` carrying the server's stable code; a 5xx,
+a timeout, a reset connection or an unreadable body is :class:`EndpointError`, deliberately outside
+the mmchaos error tree, as an exception escaping an in-process model would be (the contract check
+counts it as a crash, not as a clean rejection).
+
+The API key comes from an environment variable (``OPENAI_API_KEY`` unless ``api_key_env`` names
+another); it lives only in the HTTP client's headers and is never in reprs, logs, reports or the
+fingerprint.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import hashlib
+import io
+import ipaddress
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
+
+__all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
+
+log = logging.getLogger(__name__)
+
+HTTP_CAPABILITIES = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT})
+_RETRY_STATUSES = frozenset({429, 503})
+_MAGIC = (
+    (b"\x89PNG", "image/png"),
+    (b"\xff\xd8", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"RIFF", "image/webp"),
+    (b"BM", "image/bmp"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
+)
+
+
+class EndpointError(RuntimeError):
+    """The endpoint failed: a 5xx answer (after retries), a timeout, a reset, an unreadable body.
+
+    Not an :class:`~mmchaos.errors.MMChaosError` on purpose: for the checks it is the deployment
+    crashing, not a typed refusal of the input.
+    """
+
+    def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent or invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds or seconds == float("inf"):  # NaN, inf
+        return None
+    return max(0.0, seconds)
+
+
+Resolver = Callable[..., list[tuple[Any, ...]]]
+
+
+def check_endpoint(
+    base_url: str, *, allow_remote: bool = False, resolver: Resolver = socket.getaddrinfo
+) -> tuple[str, str | None]:
+    """Validate ``base_url``; returns (URL to connect to, Host header or None).
+
+    Unless ``allow_remote``, every address the host resolves to must be loopback; for ``http`` the
+    URL is pinned to the resolved address (the Host header keeps the name).
+    """
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TargetLoadError(
+            f"an openai target needs an http(s) base URL like openai:http://127.0.0.1:8000/v1, got {base_url!r}"
+        )
+    if parts.username or parts.password:
+        raise TargetLoadError("put the API key in OPENAI_API_KEY, not in the URL (URLs end up in reports)")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise TargetLoadError(f"bad port in {base_url!r}: {exc}") from exc
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), parts.query, ""))
+    if allow_remote:
+        return url, None
+    host = parts.hostname
+    try:
+        infos = resolver(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TargetLoadError(f"cannot resolve {host!r}: {exc}") from exc
+    addresses = sorted({str(info[4][0]).split("%")[0] for info in infos})
+    remote = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
+    if not addresses or remote:
+        what = host if addresses == [host] else f"{host} resolves to {', '.join(remote or ['nothing'])}, which is"
+        raise TargetLoadError(
+            f"{what} not a loopback address; mmchaos sends requests only to this machine unless you pass "
+            "--allow-remote (allow_remote=True)",
+            code="remote_not_allowed",
+        )
+    try:
+        ipaddress.ip_address(host)
+        return url, None  # already an address
+    except ValueError:
+        pass
+    if parts.scheme != "http":
+        return url, None  # TLS needs the name for SNI and the certificate
+    pinned = addresses[0]
+    netloc = f"[{pinned}]:{port}" if ":" in pinned else f"{pinned}:{port}"
+    return urlunsplit(("http", netloc, parts.path.rstrip("/"), parts.query, "")), parts.netloc
+
+
+def _mime(blob: bytes) -> str:
+    for magic, mime in _MAGIC:
+        if blob.startswith(magic):
+            return mime
+    return "application/octet-stream"
+
+
+def data_url(blob: bytes) -> str:
+    """``data:<mime>;base64,...`` of encoded image bytes, sent exactly as given."""
+    return f"data:{_mime(blob)};base64,{base64.b64encode(blob).decode('ascii')}"
+
+
+def png_bytes(image: Any, index: int = 0) -> bytes:
+    """An RGB uint8 array as lossless PNG (the server decodes exactly the same pixels)."""
+    from PIL import Image
+
+    from mmchaos.targets.decode import check_image_array
+
+    check_image_array(image, index, max_pixels=None)
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8), "RGB").save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+class OpenAITarget(Target):
+    """A target behind an OpenAI-compatible HTTP API; build it with :meth:`connect`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        capabilities: Iterable[Capability | str],
+        metadata: Mapping[str, Any] | None = None,
+        image_input: Literal["input", "messages"] = "messages",
+        max_items: int = 64,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff_base: float = 0.1,
+        backoff_max: float = 5.0,
+        max_retry_after: float = 30.0,
+        max_concurrency: int = 4,
+        encoding_format: Literal["float", "base64"] = "base64",
+        allow_remote: bool = False,
+        transport: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+        seed: int | None = None,
+    ) -> None:
+        from mmchaos._lazy import require
+
+        httpx = require("httpx")
+        if max_concurrency < 1 or max_items < 1 or max_retries < 0 or timeout <= 0:
+            raise TargetLoadError("max_concurrency, max_items and timeout must be positive, max_retries >= 0")
+        url, host_header = check_endpoint(base_url, allow_remote=allow_remote)
+        self.base_url = urlunsplit(urlsplit(base_url.strip())._replace(fragment="")).rstrip("/")
+        self.uri = f"openai:{self.base_url}"
+        self.model = model
+        self.capabilities = frozenset(Capability(c) for c in capabilities) & HTTP_CAPABILITIES
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.image_input = image_input
+        self.max_items = max_items
+        self.api_key_env = api_key_env
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_after = max_retry_after
+        self.max_concurrency = max_concurrency
+        self.encoding_format = encoding_format
+        self.allow_remote = allow_remote
+        self.load_options = MappingProxyType({"model": model, "allow_remote": allow_remote})
+        self._sleep = sleep
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self.retries = 0  # 429/503 answers retried so far
+        headers = {"Accept": "application/json", "User-Agent": "mmchaos-openai-target"}
+        if host_header:
+            headers["Host"] = host_header
+        key = os.environ.get(api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.has_api_key = bool(key)
+        self._client = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            transport=transport,
+            follow_redirects=False,
+            trust_env=False,  # no proxies from the environment: loopback means loopback
+        )
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        base_url: str,
+        *,
+        model: str | None = None,
+        capabilities: Iterable[Capability | str] | None = None,
+        **kwargs: Any,
+    ) -> OpenAITarget:
+        """Reach the endpoint, pick the model and learn what it can do (or take ``capabilities``).
+
+        Discovery: ``GET /models`` (an ``mmchaos`` block there gives capabilities, fingerprint and
+        batching), else one tiny text and one tiny image embedding request. Failures are
+        :class:`~mmchaos.errors.TargetLoadError`.
+        """
+        probe = cls(base_url, model=model or "", capabilities=(), **kwargs)
+        try:
+            cards = probe._list_models()
+            chosen = probe._choose(model, cards)
+            card = next((c for c in cards if c.get("id") == chosen), {})
+            meta = card.get("mmchaos") if isinstance(card.get("mmchaos"), dict) else None
+            probe.model = chosen
+            if meta is not None:
+                probe.image_input = "input" if "input" in (meta.get("image_input") or ()) else "messages"
+                probe.max_items = int(meta.get("max_items") or probe.max_items)
+            if capabilities is not None:
+                caps = frozenset(Capability(c) for c in capabilities)
+            elif meta is not None:
+                caps = frozenset(Capability(c) for c in meta.get("capabilities", ()) if c in set(Capability))
+            else:
+                caps = probe._probe_capabilities()
+            caps &= HTTP_CAPABILITIES
+            if not caps:
+                raise TargetLoadError(
+                    f"{probe.base_url} model {chosen!r} answered neither text nor image embeddings; declare "
+                    "its capabilities (OpenAITarget.connect(..., capabilities=[...]))"
+                )
+        except BaseException:
+            probe.close()
+            raise
+        probe.capabilities = caps
+        probe.metadata = {"card": {k: v for k, v in card.items() if k != "mmchaos"}, "mmchaos": meta}
+        probe.load_options = MappingProxyType({"model": chosen, "allow_remote": probe.allow_remote})
+        return probe
+
+    def _list_models(self) -> list[dict[str, Any]]:
+        try:
+            resp = self._request("GET", "/models")
+        except EndpointError as exc:
+            raise TargetLoadError(f"cannot reach {self.base_url}: {exc}") from exc
+        if resp.status_code in (401, 403):
+            raise TargetLoadError(
+                f"{self.base_url} refused the API key (HTTP {resp.status_code}); set {self.api_key_env}"
+                + ("" if self.has_api_key else " (it is not set)")
+            )
+        if resp.status_code == 404:
+            return []  # no model listing: the model must be named
+        if resp.status_code >= 400:
+            raise TargetLoadError(f"GET {self.base_url}/models answered HTTP {resp.status_code}")
+        try:
+            data = resp.json().get("data", [])
+            return [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        except (ValueError, AttributeError) as exc:
+            raise TargetLoadError(f"GET {self.base_url}/models did not answer an OpenAI model list") from exc
+
+    def _choose(self, model: str | None, cards: list[dict[str, Any]]) -> str:
+        ids = [c["id"] for c in cards]
+        if model:
+            if ids and model not in ids:
+                raise TargetLoadError(f"{self.base_url} does not serve model {model!r} (it serves: {', '.join(ids)})")
+            return model
+        if len(ids) == 1:
+            return str(ids[0])
+        if not ids:
+            raise TargetLoadError(f"{self.base_url} lists no models; name one with --model")
+        raise TargetLoadError(f"{self.base_url} serves several models ({', '.join(ids)}); choose one with --model")
+
+    def _probe_capabilities(self) -> frozenset[Capability]:
+        caps: set[Capability] = set()
+        try:
+            self.embed_texts(["a photo"])
+            caps.add(Capability.EMBED_TEXT)
+        except (TargetCallError, EndpointError) as exc:
+            log.debug("text embedding probe failed: %s", exc)
+        try:
+            self.embed_images([np.full((32, 32, 3), 128, np.uint8)])
+            caps.add(Capability.EMBED_IMAGE)
+        except (TargetCallError, EndpointError) as exc:
+            log.debug("image embedding probe failed: %s", exc)
+        return frozenset(caps)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float | None:
+        """Seconds to wait before retry ``attempt`` (0-based); None: do not retry."""
+        cap = min(self.backoff_max, self.backoff_base * 2.0**attempt)
+        with self._rng_lock:
+            jittered = cap / 2 + self._rng.uniform(0.0, cap / 2)
+        wanted = parse_retry_after(retry_after)
+        if wanted is None:
+            return jittered
+        if wanted > self.max_retry_after:
+            return None  # the server asks for longer than we wait: give up now
+        return max(wanted, jittered)
+
+    def _request(self, method: str, path: str, payload: Any = None) -> Any:
+        import httpx
+
+        content = None if payload is None else json.dumps(payload, separators=(",", ":")).encode("ascii")
+        headers = None if payload is None else {"Content-Type": "application/json"}
+        attempt = 0
+        while True:
+            with self._slots:
+                try:
+                    resp = self._client.request(method, path, content=content, headers=headers)
+                except httpx.TimeoutException as exc:
+                    raise EndpointError(
+                        f"{method} {path}: no answer within {self.timeout:g}s ({type(exc).__name__})", code="timeout"
+                    ) from None
+                except httpx.HTTPError as exc:
+                    raise EndpointError(
+                        f"{method} {path}: {type(exc).__name__}: {exc}", code="connection_failed"
+                    ) from None
+            if resp.status_code in _RETRY_STATUSES and attempt < self.max_retries:
+                delay = self._backoff(attempt, resp.headers.get("retry-after"))
+                if delay is not None:
+                    log.debug("%s %s: HTTP %d, retry %d in %.2fs", method, path, resp.status_code, attempt + 1, delay)
+                    self.retries += 1
+                    self._sleep(delay)
+                    attempt += 1
+                    continue
+            return resp
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = self._request("POST", path, payload)
+        status = resp.status_code
+        if status >= 400:
+            code, message = f"http_{status}", resp.reason_phrase
+            try:
+                err = resp.json().get("error", {})
+                if isinstance(err, dict):
+                    code = str(err.get("code") or code)
+                    message = str(err.get("message") or message)
+                elif isinstance(err, str):
+                    message = err
+            except (ValueError, AttributeError):
+                pass
+            text = f"POST {path}: HTTP {status}: {message[:500]}"
+            if status >= 500 or status in (408, 429):
+                raise EndpointError(text, code=code, status=status)
+            raise TargetCallError(text, code=code)
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise EndpointError(
+                f"POST {path}: the answer is not JSON ({exc})", code="bad_response", status=status
+            ) from None
+        if not isinstance(body, dict):
+            raise EndpointError(f"POST {path}: the answer is not a JSON object", code="bad_response", status=status)
+        return body
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``fn`` over ``items``, up to ``max_concurrency`` requests at a time."""
+        if len(items) <= 1 or self.max_concurrency == 1:
+            return [fn(x) for x in items]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="mmchaos-openai")
+            pool = self._pool
+        return list(pool.map(fn, items))
+
+    def _vectors(self, body: dict[str, Any], n: int, path: str) -> FloatArray:
+        try:
+            data = sorted(body["data"], key=lambda d: int(d.get("index", 0)))
+            rows = []
+            for item in data:
+                emb = item["embedding"]
+                if isinstance(emb, str):
+                    rows.append(np.frombuffer(base64.b64decode(emb, validate=True), dtype="<f4").astype(np.float32))
+                else:
+                    rows.append(np.asarray(emb, dtype=np.float32))
+            out = np.stack(rows) if rows else np.zeros((0, 0), np.float32)
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
+            raise EndpointError(f"POST {path}: malformed embeddings answer ({type(exc).__name__}: {exc})",
+                                code="bad_response") from None  # fmt: skip
+        if out.shape[0] != n:
+            raise EndpointError(f"POST {path}: {out.shape[0]} embeddings for {n} inputs", code="bad_response")
+        return out
+
+    def _embed(self, inputs: list[Any]) -> FloatArray:
+        payload = {"model": self.model, "input": inputs, "encoding_format": self.encoding_format}
+        return self._vectors(self._post("/embeddings", payload), len(inputs), "/embeddings")
+
+    def _chunks(self, items: Sequence[Any]) -> list[list[Any]]:
+        return [list(items[i : i + self.max_items]) for i in range(0, len(items), self.max_items)]
+
+    def _join(self, parts: list[FloatArray]) -> FloatArray:
+        if not parts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.float32)
+
+    # -- the Target interface --------------------------------------------------------------------
+
+    def embed_texts(self, texts: Sequence[str]) -> FloatArray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="bad_text_type")
+        return self._join(self._map(self._embed, self._chunks(list(texts))))
+
+    def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
+        return self.embed_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
+
+    def embed_encoded_images(self, blobs: Sequence[bytes]) -> FloatArray:
+        if not blobs:
+            return np.zeros((0, 0), dtype=np.float32)
+        urls = []
+        for i, blob in enumerate(blobs):
+            if not isinstance(blob, bytes | bytearray | memoryview):
+                raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
+            urls.append(data_url(bytes(blob)))
+        if self.image_input == "input":
+            parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+            return self._join(self._map(self._embed, self._chunks(parts)))
+
+        def one(url: str) -> FloatArray:
+            payload = {
+                "model": self.model,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                "encoding_format": self.encoding_format,
+            }
+            return self._vectors(self._post("/embeddings", payload), 1, "/embeddings")
+
+        return self._join(self._map(one, urls))
+
+    def read_text(self, images: Sequence[ImageArray]) -> list[str]:
+        return self.read_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
+
+    def read_encoded_images(self, blobs: Sequence[bytes]) -> list[str]:
+        def one(blob: bytes) -> str:
+            payload = {
+                "model": self.model,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(blob)}}]}
+                ],
+                "temperature": 0,
+            }
+            body = self._post("/chat/completions", payload)
+            try:
+                content = body["choices"][0]["message"]["content"]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise EndpointError(
+                    f"POST /chat/completions: malformed answer ({exc!r})", code="bad_response"
+                ) from None
+            return "" if content is None else str(content)
+
+        for i, blob in enumerate(blobs):
+            if not isinstance(blob, bytes | bytearray | memoryview):
+                raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
+        return [str(t) for t in self._map(one, [bytes(b) for b in blobs])]
+
+    def fingerprint(self) -> Fingerprint:
+        """The served model's fingerprint (from ``/models`` metadata) plus the endpoint and model name."""
+        meta = self.metadata.get("mmchaos") or {}
+        fp = meta.get("fingerprint") if isinstance(meta, dict) else None
+        where = {"endpoint": self.base_url, "model": self.model}
+        if isinstance(fp, dict):
+            versions = {str(k): str(v) for k, v in dict(fp.get("versions") or {}).items()}
+            versions.update(where)
+            if meta.get("version"):
+                versions["mmchaos_server"] = str(meta["version"])
+            return Fingerprint(
+                weights=str(fp.get("weights", "")),
+                tokenizer=str(fp.get("tokenizer", "")),
+                processor=str(fp.get("processor", "")),
+                config=str(fp.get("config", "")),
+                versions=versions,
+            )
+        card = self.metadata.get("card") or {}
+        stable = {k: card.get(k) for k in ("id", "root", "parent", "max_model_len", "owned_by") if k in card}
+        digest = hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest() if stable else ""
+        return Fingerprint(config=digest, versions=where)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
+                           "api_key_env": self.api_key_env, "api_key_set": self.has_api_key}  # fmt: skip
+        return out
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._client.close()
+
+    def __repr__(self) -> str:
+        key = "set" if self.has_api_key else "unset"
+        return f"OpenAITarget({self.base_url!r}, model={self.model!r}, api_key={self.api_key_env}:{key})"
+
+
+def load_openai(rest: str, **options: Any) -> OpenAITarget:
+    """The ``openai:`` scheme: ``openai:http://127.0.0.1:8000/v1`` with TargetOptions ``model`` and
+    ``allow_remote``."""
+    return OpenAITarget.connect(
+        rest, model=options.get("model") or None, allow_remote=bool(options.get("allow_remote", False))
+    )

@@ -1,0 +1,476 @@
+"""The reference server on a real loopback port: every endpoint, every guard's answer, shutdown.
+
+Targets are small numpy models (tests/fakes.py) plus a few built here that fail, block or read
+on demand, so each guard can be driven to its answer deterministically.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmchaos.errors import TargetCallError
+from mmchaos.guard.breaker import BreakerConfig
+from mmchaos.server import ServerConfig, ServerThread, create_app
+from mmchaos.targets.base import Capability, Fingerprint, Target
+from tests.fakes import HashEmbedTarget
+
+pytestmark = pytest.mark.integration
+
+
+def png_url(img: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> str:
+    buf = io.BytesIO()
+    pil = Image.fromarray(img)
+    if mode is not None:
+        pil = pil.convert(mode)
+    pil.save(buf, format=fmt)
+    mime = {"PNG": "png", "JPEG": "jpeg", "TIFF": "tiff", "GIF": "gif"}[fmt]
+    return f"data:image/{mime};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+IMG = np.random.default_rng(0).integers(0, 255, (32, 40, 3), dtype=np.uint8)
+
+
+class ControlledTarget(HashEmbedTarget):
+    """Correct embeddings, plus switches: fail, block until released, return NaN, refuse typed."""
+
+    uri = "py:tests.test_server:ControlledTarget"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+        self.nan = False
+        self.refuse = False
+        self.delay = 0.0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Semaphore(0)
+        self.calls = 0
+
+    def _enter(self) -> None:
+        self.calls += 1
+        self.entered.release()
+        if not self.gate.wait(20.0):
+            raise RuntimeError("the test never released the gate")
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("model exploded")
+        if self.refuse:
+            raise TargetCallError("this model refuses that", code="model_refused")
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        self._enter()
+        out = super().embed_texts(texts)
+        return out * np.nan if self.nan else out
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        self._enter()
+        return super().embed_images(images)
+
+
+class ReaderTarget(Target):
+    """An OCR stand-in: 'reads' the size and brightness of each image."""
+
+    uri = "py:tests.test_server:ReaderTarget"
+    capabilities = frozenset({Capability.READ_TEXT})
+
+    def read_text(self, images: Sequence[np.ndarray]) -> list[str]:
+        return [f"{i.shape[1]}x{i.shape[0]} {'light' if i.mean() > 127 else 'dark'}" for i in images]
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(weights="reader-v1")
+
+
+@pytest.fixture()
+def target() -> ControlledTarget:
+    return ControlledTarget()
+
+
+@pytest.fixture()
+def server(target: ControlledTarget) -> Iterator[ServerThread]:
+    srv = ServerThread(target, ServerConfig(max_concurrency=2, max_queue=4, request_timeout=10.0)).start()
+    try:
+        yield srv
+    finally:
+        target.gate.set()
+        srv.stop()
+        assert_closed(srv.port)
+
+
+@pytest.fixture()
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=20.0) as c:
+        yield c
+
+
+def assert_closed(port: int) -> None:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on {port}"
+
+
+def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == code, err
+    assert err["message"]
+    assert resp.headers["x-request-id"]
+    return dict(err)
+
+
+# -- endpoints -----------------------------------------------------------------------------------
+
+
+def test_embeddings_match_the_target_exactly(client: httpx.Client, target: ControlledTarget) -> None:
+    body = {
+        "model": "ControlledTarget",
+        "input": ["a red circle", image_part(png_url(IMG)), {"type": "text", "text": "x"}],
+    }
+    resp = client.post("/v1/embeddings", json=body)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert out["object"] == "list" and out["model"] == "ControlledTarget"
+    assert [d["index"] for d in out["data"]] == [0, 1, 2]
+    got = np.array([d["embedding"] for d in out["data"]], dtype=np.float32)
+    ref_t = HashEmbedTarget().embed_texts(["a red circle", "x"])
+    ref_i = HashEmbedTarget().embed_images([IMG])
+    np.testing.assert_array_equal(got, np.stack([ref_t[0], ref_i[0], ref_t[1]]))
+    assert out["usage"]["prompt_tokens"] > 0
+    # a single string, base64 float32, and vLLM's chat-embeddings form
+    b64 = client.post("/v1/embeddings", json={"input": "a red circle", "encoding_format": "base64"}).json()
+    vec = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(vec, ref_t[0])
+    msg = {"messages": [{"role": "user", "content": [image_part(png_url(IMG))]}]}
+    chat_form = client.post("/v1/embeddings", json=msg).json()
+    np.testing.assert_array_equal(np.array(chat_form["data"][0]["embedding"], np.float32), ref_i[0])
+    text_form = client.post("/v1/embeddings", json={"messages": [{"role": "user", "content": "a red circle"}]})
+    np.testing.assert_array_equal(np.array(text_form.json()["data"][0]["embedding"], np.float32), ref_t[0])
+
+
+def test_models_health_ready_metrics_openapi(client: httpx.Client, target: ControlledTarget) -> None:
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and len(models["data"]) == 1
+    card = models["data"][0]
+    assert card["id"] == "ControlledTarget" and card["object"] == "model"
+    meta = card["mmchaos"]
+    assert meta["fingerprint"] == target.fingerprint().to_dict()
+    assert meta["capabilities"] == ["embed_image", "embed_text"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+    client.post("/v1/embeddings", json={"input": ["hello", image_part(png_url(IMG))]})
+    metrics = client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    for modality in ("text", "image"):
+        for stage in ("decode", "model"):
+            assert f'mmchaos_server_stage_seconds_count{{modality="{modality}",stage="{stage}"}} 1.0' in text
+    for family in (
+        "mmchaos_breaker_state",
+        "mmchaos_preflight_inputs_total",
+        "mmchaos_drift_embeddings_total",
+        "mmchaos_slo_requests_total",
+        'mmchaos_server_requests_total{endpoint="/v1/embeddings",status="200"}',
+    ):
+        assert family in text, family  # fmt: skip
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/embeddings", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/metrics"} <= set(
+        spec["paths"]
+    )
+    assert "413" in spec["paths"]["/v1/embeddings"]["post"]["responses"]
+
+
+def test_request_id_is_echoed_or_generated(client: httpx.Client) -> None:
+    resp = client.get("/healthz", headers={"x-request-id": "req-123.abc"})
+    assert resp.headers["x-request-id"] == "req-123.abc"
+    ids = {client.get("/healthz").headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3 and all(len(i) == 32 for i in ids)
+    # a hostile id is replaced, never reflected
+    bad = client.get("/healthz", headers={"x-request-id": "x" * 500})
+    assert bad.headers["x-request-id"] != "x" * 500
+    err = client.post("/v1/embeddings", json={"input": []}, headers={"x-request-id": "err-1"})
+    assert err.headers["x-request-id"] == "err-1"
+
+
+def test_chat_completions_reads_text() -> None:
+    with ServerThread(ReaderTarget()) as srv, httpx.Client(base_url=srv.url) as c:
+        light = png_url(np.full((20, 30, 3), 250, np.uint8))
+        dark = png_url(np.zeros((16, 16, 3), np.uint8))
+        body = {"model": "ReaderTarget", "messages": [
+            {"role": "system", "content": "transcribe"},
+            {"role": "user", "content": [{"type": "text", "text": "read this"}, image_part(light), image_part(dark)]},
+        ]}  # fmt: skip
+        out = c.post("/v1/chat/completions", json=body)
+        assert out.status_code == 200, out.text
+        answer = out.json()
+        assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
+        assert answer["choices"][0]["message"] == {"role": "assistant", "content": "30x20 light\n16x16 dark"}
+        assert_error(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}), 400,
+                     "empty_input")  # fmt: skip
+        assert_error(c.post("/v1/chat/completions", json={**body, "stream": True}), 400, "stream_unsupported")
+        assert_error(c.post("/v1/embeddings", json={"input": "x"}), 400, "capability_missing")
+
+
+# -- guards: client errors -----------------------------------------------------------------------
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A valid-looking PNG whose header declares ``width x height`` but holds almost no data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+BOMB = png_declaring(30000, 30000)  # 2.7e9 elements: refused from the header, nothing decoded
+
+
+@pytest.mark.parametrize(
+    ("item", "status", "code"),
+    [
+        (image_part("data:image/png;base64,!!notbase64!!"), 400, "bad_data_url"),
+        (image_part("https://example.com/cat.png"), 400, "bad_data_url"),
+        (image_part("data:image/png;base64," + base64.b64encode(b"not an image at all").decode()), 400, "bad_image"),
+        (image_part("data:image/png;base64," + base64.b64encode(base64.b64decode(png_url(IMG)[22:])[:300]).decode()),
+         400, "truncated_image"),
+        (image_part("data:image/png;base64," + base64.b64encode(BOMB).decode()), 413,
+         "element_count_overflow"),
+        (image_part(png_url(IMG, "TIFF")), 415, "unsupported_format"),
+        (image_part(png_url(np.zeros((4, 4, 3), np.uint8))), 422, "image_too_small"),
+        (image_part(png_url(np.zeros((8, 2000, 3), np.uint8))), 422, "bad_aspect_ratio"),
+        ("\ud800 lone surrogate", 400, "bad_utf8"),
+        ("word " * 20000, 413, "text_too_long"),
+    ],
+)  # fmt: skip
+def test_preflight_rejections_map_to_their_status(client: httpx.Client, item: Any, status: int, code: str) -> None:
+    body = json.dumps({"input": ["fine", item]}).encode()  # ASCII escapes carry lone surrogates
+    resp = client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+    err = assert_error(resp, status, code)
+    assert err["param"].startswith("input[1]")
+    assert err["type"] == "invalid_request_error"
+
+
+def test_request_level_client_errors(server: ServerThread, client: httpx.Client) -> None:
+    assert_error(client.post("/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"}),
+                 400, "invalid_json")  # fmt: skip
+    assert_error(client.post("/v1/embeddings", json={"input": 3}), 400, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": []}), 400, "empty_input")
+    assert_error(client.post("/v1/embeddings", json={"input": "x", "messages": []}), 400, "invalid_request")
+    assert_error(client.post("/v1/embeddings", content=b"input=x", headers={"content-type": "text/plain"}), 415,
+                 "unsupported_media_type")  # fmt: skip
+    assert_error(client.post("/v1/embeddings", json={"input": ["x"] * 65}), 413, "too_many_inputs")
+    big = b'{"input": "' + b"a" * (33 * 2**20) + b'"}'
+    assert_error(client.post("/v1/embeddings", content=big, headers={"content-type": "application/json"}), 413,
+                 "payload_too_large")  # fmt: skip
+    assert_error(client.post("/v1/embeddings", json={"model": "gpt-4", "input": "x"}), 404, "model_not_found")
+    assert_error(client.post("/v1/embeddings", json={"input": "x", "dimensions": 3}), 400, "dimensions_unsupported")
+    two = {"messages": [{"role": "user", "content": [image_part(png_url(IMG)), {"type": "text", "text": "x"}]}]}
+    assert_error(client.post("/v1/embeddings", json=two), 400, "one_item_per_conversation")
+    assert_error(client.get("/nowhere"), 404, "not_found")
+    assert_error(client.get("/v1/embeddings"), 405, "method_not_allowed")
+    assert_error(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 400,
+                 "capability_missing")  # fmt: skip
+    # the client's faults are not the model's: the breaker saw none of them
+    assert server.state.breaker.state.value == "closed" and breaker_count(server, "failed") == 0
+
+
+def test_model_failures_are_5xx_with_codes(client: httpx.Client, target: ControlledTarget) -> None:
+    target.nan = True
+    assert_error(client.post("/v1/embeddings", json={"input": "x"}), 500, "non_finite_output")
+    target.nan = False
+    target.refuse = True
+    assert_error(client.post("/v1/embeddings", json={"input": "x"}), 422, "model_refused")
+    target.refuse = False
+    target.fail = True
+    err = assert_error(client.post("/v1/embeddings", json={"input": "x"}), 500, "model_error")
+    assert err["type"] == "server_error" and "RuntimeError" in err["message"]
+
+
+def test_api_key_is_required_when_configured(target: ControlledTarget) -> None:
+    config = ServerConfig(api_keys=("s3cret-key",))
+    with ServerThread(target, config) as srv, httpx.Client(base_url=srv.url) as c:
+        assert_error(c.post("/v1/embeddings", json={"input": "x"}), 401, "invalid_api_key")
+        wrong = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer nope"})
+        assert_error(wrong, 401, "invalid_api_key")
+        ok = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer s3cret-key"})
+        assert ok.status_code == 200
+        assert c.get("/healthz").status_code == 200  # operations endpoints stay open
+        assert "s3cret" not in repr(config) and "s3cret" not in c.get("/v1/models", headers={
+            "Authorization": "Bearer s3cret-key"}).text  # fmt: skip
+
+
+# -- guards: load, timeouts, the breaker -----------------------------------------------------------
+
+
+def test_full_queue_answers_429_with_retry_after(target: ControlledTarget) -> None:
+    target.gate.clear()
+    config = ServerConfig(max_concurrency=1, max_queue=1, request_timeout=20.0)
+    with ServerThread(target, config) as srv, ThreadPoolExecutor(2) as pool:
+        post = partial_post(srv.url, {"input": "x"})
+        first = pool.submit(post)
+        assert target.entered.acquire(timeout=10.0)  # the first holds the only slot, in the model
+        second = pool.submit(post)
+        wait_until(lambda: len(srv.state.admission.waiters) == 1)
+        with httpx.Client(base_url=srv.url) as c:
+            third = c.post("/v1/embeddings", json={"input": "x"})
+            err = assert_error(third, 429, "queue_full")
+            assert err["type"] == "rate_limit_error"
+            assert int(third.headers["retry-after"]) >= 1
+            assert "mmchaos_server_queued 1.0" in c.get("/metrics").text
+        target.gate.set()
+        assert first.result(10).status_code == 200
+        assert second.result(10).status_code == 200
+
+
+def test_timeout_answers_504_and_the_slot_is_held_until_the_model_returns(target: ControlledTarget) -> None:
+    target.gate.clear()
+    config = ServerConfig(max_concurrency=1, max_queue=1, request_timeout=0.3)
+    with ServerThread(target, config) as srv, httpx.Client(base_url=srv.url, timeout=10.0) as c:
+        start = time.monotonic()
+        err = assert_error(c.post("/v1/embeddings", json={"input": "x"}), 504, "request_timeout")
+        assert err["type"] == "timeout_error" and "longer than" in err["message"]
+        assert time.monotonic() - start < 5.0
+        # the model is still busy with it, so the next request waits in the queue, and times out there
+        err = assert_error(c.post("/v1/embeddings", json={"input": "x"}), 504, "request_timeout")
+        assert "no slot freed up" in err["message"]
+        assert target.calls == 1  # no second call piled up behind the stuck one
+        target.gate.set()
+        wait_until(lambda: srv.state.admission.active == 0)
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200
+        # the call that outlived its request was recorded by the breaker as slow
+        assert breaker_count(srv, "successful", "mmchaos_breaker_slow_calls") >= 1
+
+
+def test_breaker_opens_on_failures_and_closes_after_recovery(target: ControlledTarget) -> None:
+    breaker = BreakerConfig(
+        failure_rate_threshold=50, sliding_window_size=4, minimum_number_of_calls=4,
+        wait_duration_in_open_state=0.4, permitted_number_of_calls_in_half_open_state=2,
+    )  # fmt: skip
+    with ServerThread(target, ServerConfig(breaker=breaker)) as srv, httpx.Client(base_url=srv.url) as c:
+        assert c.post("/v1/embeddings", json={"input": "ok"}).status_code == 200
+        target.fail = True
+        for _ in range(3):
+            assert_error(c.post("/v1/embeddings", json={"input": "x"}), 500, "model_error")
+        calls = target.calls
+        opened = c.post("/v1/embeddings", json={"input": "x"})
+        err = assert_error(opened, 503, "call_not_permitted")
+        assert err["type"] == "service_unavailable_error"
+        assert 1 <= int(opened.headers["retry-after"]) <= 1
+        assert target.calls == calls  # rejected without touching the model
+        assert_error(c.get("/readyz"), 503, "not_ready")
+        assert 'mmchaos_breaker_state{name="model",state="open"} 1.0' in c.get("/metrics").text
+        target.fail = False  # the model recovers
+        time.sleep(0.5)
+        for _ in range(2):  # the half-open trial calls succeed
+            assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200
+        assert srv.state.breaker.state.value == "closed"
+        assert c.get("/readyz").status_code == 200
+        metrics = c.get("/metrics").text
+        assert 'mmchaos_breaker_transitions_total{from_state="half_open",name="model",to_state="closed"} 1.0' in metrics
+
+
+def test_guards_off_serves_the_bare_target(target: ControlledTarget) -> None:
+    with ServerThread(target, ServerConfig(guards=False)) as srv, httpx.Client(base_url=srv.url) as c:
+        out = c.post("/v1/embeddings", json={"input": ["x", image_part(png_url(IMG))]})
+        assert out.status_code == 200
+        assert c.get("/v1/models").json()["data"][0]["mmchaos"]["guards"] is False
+        metrics = c.get("/metrics").text
+        assert 'mmchaos_preflight_inputs_total{code="ok",kind="text",name="server"} 0.0' in metrics
+        assert 'mmchaos_breaker_calls_total{kind="successful",name="model"} 0.0' in metrics
+
+
+# -- shutdown ----------------------------------------------------------------------------------------
+
+
+def test_graceful_shutdown_finishes_every_request_in_flight(target: ControlledTarget) -> None:
+    target.delay = 0.2
+    srv = ServerThread(target, ServerConfig(max_concurrency=2, max_queue=8)).start()
+    port = srv.port
+    n = 6
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(partial_post(srv.url, {"input": [f"text {i}"]})) for i in range(n)]
+        wait_until(lambda: srv.state.admission.active + len(srv.state.admission.waiters) == n)
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        wait_until(lambda: srv.state.draining)
+        responses = [f.result(20) for f in futures]
+        stopper.join(20)
+    assert [r.status_code for r in responses] == [200] * n
+    assert [r.json()["data"][0]["embedding"] for r in responses] == [
+        HashEmbedTarget().embed_texts([f"text {i}"])[0].tolist() for i in range(n)
+    ]
+    assert target.calls == n
+    assert_closed(port)
+
+
+def test_app_works_in_process_without_a_socket(target: ControlledTarget) -> None:
+    from starlette.testclient import TestClient
+
+    with TestClient(create_app(target)) as c:
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def partial_post(url: str, body: dict[str, Any]) -> Any:
+    def post() -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=30.0) as c:
+            return c.post("/v1/embeddings", json=body)
+
+    return post
+
+
+def breaker_count(srv: ServerThread, kind: str, family: str = "mmchaos_breaker_calls") -> float:
+    return sum(v for name, labels, v in srv.state.breaker.metric_samples() if name == family and labels[1] == kind)
+
+
+def wait_until(cond: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def test_public_surface_and_light_imports() -> None:
+    import subprocess
+    import sys
+
+    import mmchaos.server
+
+    assert mmchaos.server.__all__ == [
+        "REQUEST_ID_HEADER", "GuardedServer", "ServerConfig", "ServerThread", "contract_from_yaml", "create_app",
+        "serve",
+    ]  # fmt: skip
+    for name in mmchaos.server.__all__:
+        assert getattr(mmchaos.server, name) is not None
+    # serving code that imports only the guards, or the target registry, pays for no web stack
+    code = (
+        "import sys, mmchaos.guard, mmchaos.targets, mmchaos.server\n"
+        "from mmchaos.guard import Preflight, CircuitBreaker, DriftMonitor\n"
+        "heavy = {'fastapi', 'uvicorn', 'starlette', 'httpx', 'torch'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
