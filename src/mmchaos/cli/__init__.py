@@ -111,23 +111,38 @@ def _counts(verdicts: list[str]) -> str:
 
 
 def _print_summary(results: dict[str, Any], out_dir: Path, store_path: Path) -> None:
-    table = Table(title=f"mmchaos {results['suite']['name']} on {results['target']['uri']}", show_lines=False)
-    for col in ("step", "check", "verdict", "finding"):
-        table.add_column(col, overflow="fold")
+    """One row per check (verdict counts), then every failure on its own line, then the banner."""
+    table = Table(title=f"mmchaos {results['suite']['name']} on {results['target']['uri']}")
+    table.add_column("step", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("findings", no_wrap=True)
+    table.add_column("worst", overflow="fold")
+    rank = {"error": 0, "fail": 1, "pass": 2, "skipped": 3}
+    by_check: dict[str, list[dict[str, Any]]] = {}
     for f in results["findings"]:
-        style = _VERDICT_STYLE[f["verdict"]]
-        table.add_row(f"{f['step']} {f['step_name']}", f["check"], f"[{style}]{f['verdict']}[/]", f["title"])
+        by_check.setdefault(f["check"], []).append(f)
+    for check, findings in by_check.items():
+        worst = min(findings, key=lambda f: rank[f["verdict"]])
+        style = _VERDICT_STYLE[worst["verdict"]]
+        step = f"{findings[0]['step']} {findings[0]['step_name']}"
+        table.add_row(step, check, _counts([f["verdict"] for f in findings]), f"[{style}]{worst['title']}[/]")
     for step in results["steps"]:
         if step["status"] == "not available in this version":
             table.add_row(f"{step['step']} {step['name']}", "-", "[dim]n/a[/]", "[dim]not available in this version[/]")
     out.print(table)
+    failures = [f for f in results["findings"] if f["verdict"] in ("fail", "error")]
+    for f in failures:
+        style = _VERDICT_STYLE[f["verdict"]]
+        out.print(f"[{style}]{f['verdict'].upper()}[/] {f['check']}: {f['title']}", highlight=False)
     s = results["summary"]
     verdicts = ", ".join(f"{n} {v}" for v, n in s["verdicts"].items() if n)
     banner = "[bold green]ALL GATES PASS[/]" if s["exit_code"] == 0 else "[bold red]GATES FAILED[/]"
     out.print(
-        f"{banner}  {verdicts}  run {results['run_id']}  ({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)"
+        f"{banner}  {verdicts}  run {results['run_id']}  "
+        f"({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)",
+        highlight=False,
     )
-    out.print(f"report: {out_dir / 'report.html'}  results: {out_dir / 'results.json'}  store: {store_path}")
+    out.print(f"report: {out_dir / 'report.html'}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -231,8 +246,9 @@ def list_(
 
 def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
-    from mmchaos.cli import proxy_cmd, serve_cmd
+    from mmchaos.cli import perturb_cmd, proxy_cmd, serve_cmd
 
+    perturb_cmd.register(app)
     proxy_cmd.register(app)
     serve_cmd.register(app)
 
@@ -244,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: mmchaos errors become one line on stderr and exit code 2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # torch's OpenMP workers spin while waiting; on a shared laptop/CI core that makes every
+    # forward pass 10-20x slower. Passive waiting costs little when the cores are free.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         # Outside standalone mode click returns a command's exit code instead of exiting.
         code = app(args=argv, standalone_mode=False)

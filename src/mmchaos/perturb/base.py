@@ -4,25 +4,60 @@
 function of (item, parameters). Calling a perturbation returns the perturbed batch and a
 :class:`Applied` record; ``replay(batch, record)`` gives the same bytes again. Randomness that is
 too large to record (noise fields) is recorded as an integer seed that the kernel expands.
+
+Severity 0 is the clean input: every perturbation returns the batch unchanged (copies) with an
+empty record, so a sweep can treat "clean" as one more severity. Severities 1-5 follow the
+perturbation's table.
+
+Perturbations that need context (the target under test, the class names) receive it through
+:meth:`Perturbation.bind`; every other perturbation ignores it.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from mmchaos.errors import ConfigError
 
-__all__ = ["Applied", "ImagePerturbation", "Modality", "Perturbation", "TextPerturbation"]
+if TYPE_CHECKING:
+    from mmchaos.targets.base import Target
+
+__all__ = [
+    "GROUPS",
+    "SEVERITIES",
+    "Applied",
+    "BindContext",
+    "ImagePerturbation",
+    "Modality",
+    "MultimodalPerturbation",
+    "MultimodalSample",
+    "Perturbation",
+    "TargetAwarePerturbation",
+    "TextConstraint",
+    "TextPerturbation",
+]
 
 ImageArray = npt.NDArray[np.uint8]
 Item = TypeVar("Item")
 SEVERITIES = (1, 2, 3, 4, 5)
+GROUPS = (
+    "noise",
+    "blur",
+    "weather",
+    "digital",
+    "deployment",
+    "typographic",
+    "text-char",
+    "text-word",
+    "multimodal",
+)
 
 
 class Modality(StrEnum):
@@ -47,6 +82,52 @@ class Applied:
         return cls(data["name"], int(data["severity"]), tuple(dict(i) for i in data["items"]))
 
 
+@dataclass(frozen=True)
+class BindContext:
+    """What a context-aware perturbation may use: the target under test and the dataset's classes."""
+
+    target: Target | None = None
+    labels: tuple[str, ...] = ()
+    prompt_template: str = "{}"
+
+
+@dataclass(frozen=True, eq=False)
+class MultimodalSample:
+    """One multimodal input; a perturbation touches the fields it knows and keeps the others.
+
+    ``boxes`` are ``(x0, y0, x1, y1)`` pixel coordinates; ``frames`` a sequence of images in time
+    order.
+    """
+
+    image: ImageArray | None = None
+    text: str | None = None
+    frames: tuple[ImageArray, ...] | None = None
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def same_as(self, other: MultimodalSample) -> bool:
+        """Bytewise equality (dataclass ``==`` cannot compare arrays)."""
+        return (
+            _same_array(self.image, other.image)
+            and self.text == other.text
+            and self.boxes == other.boxes
+            and (self.frames is None) == (other.frames is None)
+            and all(_same_array(a, b) for a, b in zip(self.frames or (), other.frames or (), strict=True))
+        )
+
+
+def _same_array(a: ImageArray | None, b: ImageArray | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def check_severity(severity: object) -> int:
+    if isinstance(severity, bool) or not isinstance(severity, int | np.integer) or not 0 <= int(severity) <= 5:
+        raise ConfigError(f"severity must be one of 0-5 (0 = clean), got {severity!r}", code="bad_severity")
+    return int(severity)
+
+
 class Perturbation(Generic[Item]):
     """Base class; subclasses set the class attributes and implement ``sample`` and ``apply``."""
 
@@ -54,31 +135,67 @@ class Perturbation(Generic[Item]):
     modality: ClassVar[Modality]
     group: ClassVar[str] = ""
     source: ClassVar[str] = "mmchaos"
+    expects_change: ClassVar[bool] = False
+    """A sensitivity probe: the meaning changes, so a good model's answer *should* change."""
+    removes_content: ClassVar[bool] = False
+    """Destroys what it hits (a missing modality): judge the items it left intact, not the hit ones."""
+    preserves_shape: ClassVar[bool] = True
+    item_type: ClassVar[type | tuple[type, ...]] = object
 
     def sample(self, item: Item, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         """Draw the parameters for one item at ``severity`` (1-5)."""
         raise NotImplementedError
 
+    def sample_batch(self, batch: Sequence[Item], severity: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+        """Parameters for every item; override when items depend on each other (mismatch, ghosting)."""
+        return [self.sample(item, severity, rng) for item in batch]
+
     def apply(self, item: Item, params: dict[str, Any]) -> Item:
         """Pure kernel: the same (item, params) always gives the same output."""
         raise NotImplementedError
 
-    def __call__(
-        self, batch: Sequence[Item], severity: int = 3, rng: np.random.Generator | int | None = None
-    ) -> tuple[list[Item], Applied]:
-        if severity not in SEVERITIES:
-            raise ConfigError(f"severity must be one of 1-5, got {severity!r}", code="bad_severity")
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        params = [self.sample(item, severity, gen) for item in batch]
-        return self.apply_batch(batch, params), Applied(self.name, severity, tuple(params))
-
     def apply_batch(self, batch: Sequence[Item], params: Sequence[dict[str, Any]]) -> list[Item]:
         return [self.apply(item, p) for item, p in zip(batch, params, strict=True)]
 
+    def bind(self, context: BindContext) -> Self:
+        """Give the perturbation the target and class names; most perturbations need neither."""
+        return self
+
+    def hit(self, params: dict[str, Any]) -> bool:
+        """Whether the item with these parameters was changed at all (see ``removes_content``)."""
+        return True
+
+    def __call__(
+        self, batch: Sequence[Item], severity: int = 3, rng: np.random.Generator | int | None = None
+    ) -> tuple[list[Item], Applied]:
+        severity = check_severity(severity)
+        self._check_items(batch)
+        if severity == 0:
+            return [copy.copy(item) for item in batch], Applied(self.name, 0, tuple({} for _ in batch))
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        params = self.sample_batch(batch, severity, gen)
+        return self.apply_batch(batch, params), Applied(self.name, severity, tuple(params))
+
     def replay(self, batch: Sequence[Item], applied: Applied) -> list[Item]:
         if applied.name != self.name:
-            raise ConfigError(f"record is for {applied.name!r}, not {self.name!r}")
+            raise ConfigError(f"record is for {applied.name!r}, not {self.name!r}", code="replay_mismatch")
+        if len(applied.items) != len(batch):
+            raise ConfigError(
+                f"record holds {len(applied.items)} items, the batch {len(batch)}", code="replay_mismatch"
+            )
+        self._check_items(batch)
+        if check_severity(applied.severity) == 0:
+            return [copy.copy(item) for item in batch]
         return self.apply_batch(batch, applied.items)
+
+    def _check_items(self, batch: Sequence[Any]) -> None:
+        if isinstance(batch, str | bytes | np.ndarray):
+            raise ConfigError(f"{self.name}: give a batch (a list of items), not one item", code="bad_batch")
+        for item in batch:
+            if not isinstance(item, self.item_type):
+                raise ConfigError(
+                    f"{self.name} perturbs {self.modality} items, got {type(item).__name__}", code="bad_item_type"
+                )
 
     @classmethod
     def summary(cls) -> str:
@@ -89,45 +206,121 @@ class Perturbation(Generic[Item]):
 class ImagePerturbation(Perturbation[ImageArray]):
     """Kernels see RGB ``(H, W, 3)`` uint8; grayscale and RGBA are adapted around them.
 
-    Grayscale runs as three equal channels and comes back as the first one; RGBA keeps its alpha
-    channel untouched (the corruptions model the camera and the codec, not transparency).
+    Grayscale runs as three equal channels and comes back as the first one. RGBA keeps its alpha
+    channel (the corruptions model the camera and the codec, not transparency), except that a
+    perturbation that moves pixels moves the alpha with them (:meth:`transform_alpha`).
     """
 
     modality = Modality.IMAGE
+    item_type = np.ndarray
 
     def apply_batch(self, batch: Sequence[ImageArray], params: Sequence[dict[str, Any]]) -> list[ImageArray]:
         return [self._apply_any_layout(item, p) for item, p in zip(batch, params, strict=True)]
 
+    def transform_alpha(self, alpha: ImageArray, params: dict[str, Any]) -> ImageArray:
+        """The alpha channel ``(H, W)`` after the perturbation; unchanged unless pixels move."""
+        return alpha
+
     def _apply_any_layout(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
-        if item.dtype != np.uint8:
-            raise ConfigError(f"{self.name}: images must be uint8, got {item.dtype}", code="bad_image_dtype")
+        if not isinstance(item, np.ndarray) or item.dtype != np.uint8:
+            got = item.dtype if isinstance(item, np.ndarray) else type(item).__name__
+            raise ConfigError(f"{self.name}: images must be uint8 arrays, got {got}", code="bad_image_dtype")
         if item.ndim == 2:
-            return self.apply(np.repeat(item[..., None], 3, axis=2), params)[..., 0].copy()
+            return self._gray(item, params)
         if item.ndim == 3 and item.shape[2] == 1:
-            return self.apply(np.repeat(item, 3, axis=2), params)[..., :1].copy()
+            return self._gray(item[..., 0], params)[..., None]
         if item.ndim == 3 and item.shape[2] == 4:
             rgb = self.apply(np.ascontiguousarray(item[..., :3]), params)
-            return np.concatenate([rgb, item[..., 3:]], axis=2)
+            alpha = self.transform_alpha(np.ascontiguousarray(item[..., 3]), params)
+            return np.ascontiguousarray(np.concatenate([rgb, alpha[..., None]], axis=2))
         if item.ndim == 3 and item.shape[2] == 3:
-            return self.apply(item, params)
+            return self.apply(np.ascontiguousarray(item), params)
         raise ConfigError(f"{self.name}: unsupported image shape {item.shape}", code="bad_image_shape")
+
+    def _gray(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+        out = self.apply(np.ascontiguousarray(np.repeat(item[..., None], 3, axis=2)), params)
+        return np.ascontiguousarray(out[..., 0])
+
+
+class GeometricMixin:
+    """For perturbations that move pixels: the alpha channel goes through the same kernel."""
+
+    def transform_alpha(self, alpha: ImageArray, params: dict[str, Any]) -> ImageArray:
+        rgb = np.ascontiguousarray(np.repeat(alpha[..., None], 3, axis=2))
+        out: ImageArray = self.apply(rgb, params)  # type: ignore[attr-defined]
+        return np.ascontiguousarray(out[..., 0])
+
+
+class TargetAwarePerturbation(ImagePerturbation):
+    """An image perturbation that asks the target under test where to strike.
+
+    The robustness check calls :meth:`bind` before sweeping; unbound, the perturbation must
+    still work (from the CLI, say), using a target-free fallback it documents. What the target
+    said is recorded in the parameters, so replay never needs the target.
+    """
+
+    def __init__(self) -> None:
+        self.context = BindContext()
+
+    def bind(self, context: BindContext) -> Self:
+        self.context = context
+        return self
+
+    @property
+    def target(self) -> Target | None:
+        return self.context.target
+
+
+class TextConstraint(Protocol):
+    """Decides which draws of a text perturbation are acceptable (e.g. :class:`.meaning.MeaningKept`)."""
+
+    def sample(
+        self, perturbation: TextPerturbation, batch: Sequence[str], severity: int, rng: np.random.Generator
+    ) -> list[dict[str, Any]]: ...
 
 
 class TextPerturbation(Perturbation[str]):
+    """Texts in, texts out, optionally under a constraint (see :meth:`constrained`)."""
+
     modality = Modality.TEXT
+    item_type = str
+    constraint: TextConstraint | None = None
+
+    def constrained(self, constraint: TextConstraint | None) -> Self:
+        """A copy whose draws must satisfy ``constraint``; sensitivity probes ignore it."""
+        clone = copy.copy(self)
+        clone.constraint = constraint
+        return clone
+
+    def sample_batch(self, batch: Sequence[str], severity: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+        if self.constraint is not None and not self.expects_change:
+            return self.constraint.sample(self, batch, severity, rng)
+        return self.draw_batch(batch, severity, rng)
+
+    def draw_batch(self, batch: Sequence[str], severity: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+        """Unconstrained parameters for every item."""
+        return super().sample_batch(batch, severity, rng)
+
+
+class MultimodalPerturbation(Perturbation[MultimodalSample]):
+    """Works on :class:`MultimodalSample` items; ``needs`` names the fields it requires."""
+
+    modality = Modality.MULTIMODAL
+    item_type = MultimodalSample
+    group = "multimodal"
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def usable(self, sample: MultimodalSample) -> bool:
+        return all(getattr(sample, f) is not None for f in self.needs)
 
 
 def severity_value(table: Sequence[Any], severity: int) -> Any:
     return table[severity - 1]
 
 
-def to_float(image: ImageArray) -> npt.NDArray[np.float32]:
-    return image.astype(np.float32) / np.float32(255.0)
-
-
-def to_uint8(image: npt.NDArray[np.floating[Any]]) -> ImageArray:
-    """Scale [0, 1] floats back to uint8 the way ImageNet-C does (clip, then round)."""
-    return np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)
+def as_u8(image: Any) -> ImageArray:
+    """An OpenCV result (already uint8) typed as an image array; no copy."""
+    return np.asarray(image, dtype=np.uint8)
 
 
 def draw_seed(rng: np.random.Generator) -> int:

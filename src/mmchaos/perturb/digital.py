@@ -1,27 +1,37 @@
-"""Digital corruptions: what encoders and pipelines do to pixels."""
+"""ImageNet-C digital corruptions: what encoders, resamplers and colour pipelines do to pixels."""
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
+import cv2
 import numpy as np
-from PIL import Image
 
-from mmchaos.perturb.base import ImageArray, ImagePerturbation, severity_value
-from mmchaos.perturb.noise import IMAGENET_C
+from mmchaos.perturb import _ops
+from mmchaos.perturb.base import (
+    GeometricMixin,
+    ImageArray,
+    ImagePerturbation,
+    as_u8,
+    draw_seed,
+    severity_value,
+)
+from mmchaos.perturb.noise import IMAGENET_C, IMAGENET_C_EXTRA
 
 
 def jpeg_roundtrip(item: ImageArray, quality: int) -> ImageArray:
-    buf = io.BytesIO()
-    Image.fromarray(item).save(buf, format="JPEG", quality=quality)
-    buf.seek(0)
-    with Image.open(buf) as img:
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    """Encode and decode with libjpeg at ``quality`` (4:2:0 chroma subsampling, as Pillow's default)."""
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(item, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:  # pragma: no cover - OpenCV encodes any uint8 RGB image
+        raise RuntimeError("JPEG encoding failed")
+    decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    if decoded is None:  # pragma: no cover - what OpenCV encoded it decodes
+        raise RuntimeError("JPEG decoding failed")
+    return as_u8(cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB))
 
 
 class JpegCompression(ImagePerturbation):
-    """JPEG re-encoding at ImageNet-C's quality table (libjpeg through Pillow)."""
+    """JPEG re-encoding at ImageNet-C's quality table (libjpeg, 4:2:0 chroma)."""
 
     name = "jpeg_compression"
     group = "digital"
@@ -33,3 +43,99 @@ class JpegCompression(ImagePerturbation):
 
     def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         return jpeg_roundtrip(item, int(params["quality"]))
+
+
+class Contrast(ImagePerturbation):
+    """Contrast loss: each channel pulled towards its mean by ImageNet-C's factors."""
+
+    name = "contrast"
+    group = "digital"
+    source = IMAGENET_C
+    TABLE = (0.4, 0.3, 0.2, 0.1, 0.05)
+
+    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {"factor": severity_value(self.TABLE, severity)}
+
+    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+        factor = float(params["factor"])
+        means = cv2.mean(item)[:3]
+        # (v - mean) * factor + mean = v * factor + mean * (1 - factor): one scaling pass, one
+        # per-channel offset (both saturate and round; within a level of the reference).
+        offset = (*(m * (1.0 - factor) for m in means), 0.0)
+        return as_u8(_ops.CV.add(cv2.convertScaleAbs(item, alpha=factor), offset))
+
+
+class Saturate(ImagePerturbation):
+    """HSV saturation scaled and offset (ImageNet-C's table: 1-2 wash colours out, 3-5 overdrive them)."""
+
+    name = "saturate"
+    group = "digital"
+    source = IMAGENET_C_EXTRA
+    TABLE = ((0.3, 0.0), (0.1, 0.0), (2.0, 0.0), (5.0, 0.1), (20.0, 0.2))
+
+    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        scale, offset = severity_value(self.TABLE, severity)
+        return {"scale": scale, "offset": offset}
+
+    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+        hsv = np.asarray(cv2.cvtColor(item.astype(np.float32) * np.float32(1 / 255), cv2.COLOR_RGB2HSV), np.float32)
+        sat = hsv[..., 1]
+        sat *= np.float32(params["scale"])
+        sat += np.float32(params["offset"])
+        np.clip(sat, 0, 1, out=sat)
+        rgb = np.asarray(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB), dtype=np.float32)
+        np.clip(rgb, 0, 1, out=rgb)
+        rgb *= np.float32(255)
+        out: ImageArray = rgb.astype(np.uint8)
+        return out
+
+
+class Pixelate(ImagePerturbation):
+    """Box-downsampled by ImageNet-C's factors, then blown up with nearest neighbours."""
+
+    name = "pixelate"
+    group = "digital"
+    source = IMAGENET_C
+    TABLE = (0.6, 0.5, 0.4, 0.3, 0.25)
+
+    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {"factor": severity_value(self.TABLE, severity)}
+
+    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+        h, w = item.shape[:2]
+        factor = float(params["factor"])
+        # PIL's BOX filter to int(W * factor) is OpenCV's area filter to that size (given as a
+        # size: passed as a scale factor, OpenCV's area path computes something else); PIL's
+        # nearest neighbour samples pixel centres, as INTER_NEAREST_EXACT does.
+        small = cv2.resize(item, (max(1, int(w * factor)), max(1, int(h * factor))), interpolation=cv2.INTER_AREA)
+        return as_u8(cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST_EXACT))
+
+
+class ElasticTransform(GeometricMixin, ImagePerturbation):
+    """Local elastic warping: a smoothed random displacement field (imagecorruptions' table)."""
+
+    name = "elastic_transform"
+    group = "digital"
+    source = IMAGENET_C + " (imagecorruptions' displacement-field form)"
+    TABLE = (250 * 0.05, 250 * 0.065, 250 * 0.085, 250 * 0.1, 250 * 0.12)
+
+    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {"alpha": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+
+    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+        h, w = item.shape[:2]
+        alpha = float(params["alpha"])
+        max_d = h * 0.005
+        gen = np.random.default_rng(params["seed"])
+        sigma_y, sigma_x = h * 0.01, w * 0.01
+        ksize = (_ops.gaussian_ksize(sigma_x, 3.0), _ops.gaussian_ksize(sigma_y, 3.0))
+        fields = []
+        for _ in range(2):
+            raw = gen.uniform(-max_d, max_d, size=(h, w)).astype(np.float32)
+            smooth = cv2.GaussianBlur(raw, ksize, sigmaX=sigma_x, sigmaY=sigma_y, borderType=cv2.BORDER_REFLECT)
+            fields.append(smooth * np.float32(alpha))
+        dx, dy = fields
+        grid_x, grid_y = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+        return as_u8(
+            cv2.remap(item, grid_x + dx, grid_y + dy, interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        )
