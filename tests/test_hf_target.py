@@ -109,12 +109,17 @@ def test_pickle_weights_refused_unless_allowed(clip_dir: Path, tmp_path: Path) -
 def test_remote_code_is_never_run_without_the_flag(clip_dir: Path, tmp_path: Path) -> None:
     d = tmp_path / "remote"
     shutil.copytree(clip_dir, d)
-    (d / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    marker = tmp_path / "remote-code-ran"
+    (d / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     cfg = json.loads((d / "config.json").read_text())
     cfg["auto_map"] = {"AutoModel": "evil.EvilModel", "AutoConfig": "evil.EvilConfig"}
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(TargetLoadError):
-        load_target(f"hf:{d}")
+    target = load_target(f"hf:{d}")  # the native CLIP class; the repository's code is ignored
+    assert type(target.torch_module()).__name__ == "CLIPModel"
+    assert not marker.exists(), "remote code ran without --trust-remote-code"
+    with pytest.raises(TargetLoadError):  # asked for: the code runs (and this EvilModel does not exist)
+        load_target(f"hf:{d}", TargetOptions(trust_remote_code=True))
+    assert marker.exists()
 
 
 def test_non_contrastive_model_is_refused(tmp_path: Path) -> None:
