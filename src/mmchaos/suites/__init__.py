@@ -16,7 +16,7 @@ from mmchaos.errors import ConfigError, UnknownNameError
 
 __all__ = ["BUILTIN_SUITES", "CheckSpec", "SuiteSpec", "build_checks", "format_validation_error", "load_suite"]
 
-BUILTIN_SUITES = ("prelaunch", "quick")
+BUILTIN_SUITES = ("prelaunch", "quick", "serving")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
