@@ -13,7 +13,8 @@ _EXTRA_OF = {
     "safetensors": "torch",
     "tokenizers": "torch",
     "rapidocr_onnxruntime": "ocr",
-    "onnxruntime": "ocr",
+    "onnxruntime": "onnx",
+    "onnx": "onnx",
 }
 
 

@@ -29,7 +29,7 @@ __all__ = ["RunConfig", "RunResult", "TimedTarget", "default_data", "run_suite"]
 log = logging.getLogger(__name__)
 
 # The steps that have checks in this version; the others are reported as not available.
-AVAILABLE_STEPS = frozenset({Step.ROBUSTNESS, Step.ENGINE})
+AVAILABLE_STEPS = frozenset(Step) - {Step.ADVERSARIAL}
 
 
 @dataclass
@@ -84,6 +84,8 @@ class TimedTarget(Target):
         self.inner = inner
         self.uri = inner.uri
         self.capabilities = inner.capabilities
+        self.max_image_pixels = inner.max_image_pixels
+        self.load_options = inner.load_options
         self.seconds = 0.0
         self.calls = 0
 
@@ -104,11 +106,36 @@ class TimedTarget(Target):
     def read_text(self, images: Sequence[Any]) -> Any:
         return self._timed(self.inner.read_text, images)
 
+    def embed_encoded_images(self, blobs: Sequence[bytes]) -> Any:
+        return self._timed(self.inner.embed_encoded_images, blobs)
+
+    def read_encoded_images(self, blobs: Sequence[bytes]) -> Any:
+        return self._timed(self.inner.read_encoded_images, blobs)
+
+    def embed_encoded_texts(self, blobs: Sequence[bytes]) -> Any:
+        return self._timed(self.inner.embed_encoded_texts, blobs)
+
+    def decode_image(self, blob: bytes) -> Any:
+        return self.inner.decode_image(blob)
+
+    def decode_text(self, blob: bytes) -> str:
+        return self.inner.decode_text(blob)
+
+    def recorded_fingerprint(self) -> Any:
+        return self.inner.recorded_fingerprint()
+
     def torch_module(self) -> Any:
         return self.inner.torch_module()
 
     def fingerprint(self) -> Any:
         return self.inner.fingerprint()
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (load_options, max_image_pixels, preprocess_images, tokenize, ...)
+        # passes through untimed.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def default_data(target: Target) -> str:

@@ -218,12 +218,13 @@ def list_(
             table.add_row(f"builtin:{name}", desc)
         table.add_row("hf:<dir-or-hub-id>", "a transformers CLIP/SigLIP-style model from disk or the local hub cache")
         table.add_row("py:<module>:<factory>", "your own pipeline: a factory returning a mmchaos Target")
+        table.add_row("onnx:<dir>", "a directory written by `mmchaos export`, run by ONNX Runtime")
         table.add_row(
             "openai:<base-url>",
             "a live OpenAI-compatible endpoint (vLLM, mmchaos serve); --model, loopback only unless --allow-remote",
         )
         for scheme in SCHEMES.names():
-            if scheme not in ("builtin", "hf", "py", "openai"):
+            if scheme not in ("builtin", "hf", "py", "openai", "onnx"):
                 table.add_row(f"{scheme}:...", "plug-in target scheme (entry point)")
     elif kind == "suites":
         from mmchaos.suites import BUILTIN_SUITES, load_suite
@@ -246,8 +247,9 @@ def list_(
 
 def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
-    from mmchaos.cli import perturb_cmd, proxy_cmd, serve_cmd
+    from mmchaos.cli import export_cmd, perturb_cmd, proxy_cmd, serve_cmd
 
+    export_cmd.register(app)
     perturb_cmd.register(app)
     proxy_cmd.register(app)
     serve_cmd.register(app)

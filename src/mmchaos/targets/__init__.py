@@ -107,6 +107,16 @@ class _ForeignTarget(Target):
     def torch_module(self) -> Any:
         return self.inner.torch_module()
 
+    def __getattr__(self, name: str) -> Any:
+        # Optional extras of the user's object (decode_image, preprocess_images, ...).
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def decode_image(self, blob: bytes) -> Any:
+        fn = getattr(self.inner, "decode_image", None)
+        return fn(blob) if fn is not None else super().decode_image(blob)
+
     def close(self) -> None:
         if hasattr(self.inner, "close"):
             self.inner.close()
@@ -138,7 +148,10 @@ def load_target(uri: str, options: TargetOptions | None = None) -> Target:
     factory = SCHEMES.get(scheme)
     opts = asdict(options or TargetOptions())
     try:
-        return _validate(factory(rest, **opts), uri)
+        target = _validate(factory(rest, **opts), uri)
+        # Worker processes (contract, determinism) reload the target with the same options.
+        target.load_options = dict(opts)
+        return target
     except MMChaosError:
         raise
     except Exception as exc:  # a third-party factory may raise anything; that is a load failure

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,11 @@ class Target:
 
     uri: str = ""
     capabilities: frozenset[Capability] = frozenset()
+    max_image_pixels: int | None = 89_478_485
+    """Declared pixel count above which :meth:`decode_image` refuses an image (Pillow's default)."""
+    load_options: Mapping[str, Any] = MappingProxyType({})
+    """Options that reload this target with ``load_target(uri, TargetOptions(**load_options))``
+    in another process (the contract and determinism checks run targets in worker processes)."""
 
     def has(self, *caps: Capability) -> bool:
         return all(c in self.capabilities for c in caps)
@@ -107,6 +113,39 @@ class Target:
     def torch_module(self) -> Any:
         """The underlying ``torch.nn.Module``, for white-box checks."""
         raise CapabilityError(f"{self.uri} gives no white-box access", code="capability_missing")
+
+    # -- the decoding path of encoded inputs ---------------------------------------------------
+    # Servers receive bytes, not arrays. These defaults decode in-process and call the array
+    # methods; an HTTP target overrides the ``*_encoded_*`` methods to send the bytes as they are.
+
+    def decode_image(self, blob: bytes) -> ImageArray:
+        """Encoded image bytes -> RGB uint8 ``(H, W, 3)``: EXIF orientation applied, declared
+        size checked before decoding, every refusal a TargetCallError with a stable code."""
+        from mmchaos.targets.decode import decode_image_bytes
+
+        return decode_image_bytes(blob, max_pixels=self.max_image_pixels)
+
+    def decode_text(self, blob: bytes) -> str:
+        """Encoded text bytes -> str (strict UTF-8; invalid bytes are a typed refusal)."""
+        from mmchaos.targets.decode import decode_text_bytes
+
+        return decode_text_bytes(blob)
+
+    def embed_encoded_images(self, blobs: Sequence[bytes]) -> FloatArray:
+        """Embed encoded images (file bytes); returns ``(N, D)`` float32."""
+        return self.embed_images([self.decode_image(b) for b in blobs])
+
+    def read_encoded_images(self, blobs: Sequence[bytes]) -> list[str]:
+        """Recognise the text in encoded images (file bytes)."""
+        return self.read_text([self.decode_image(b) for b in blobs])
+
+    def embed_encoded_texts(self, blobs: Sequence[bytes]) -> FloatArray:
+        """Embed texts given as encoded bytes (what a server receives)."""
+        return self.embed_texts([self.decode_text(b) for b in blobs])
+
+    def recorded_fingerprint(self) -> Fingerprint | None:
+        """The fingerprint recorded when this artefact was made (an export manifest), if any."""
+        return None
 
     def close(self) -> None:
         """Release resources; called once when a run ends."""

@@ -16,6 +16,7 @@ import numpy as np
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, hash_files
+from mmchaos.targets.decode import check_image_array
 
 __all__ = ["HFContrastiveTarget"]
 
@@ -82,6 +83,7 @@ class HFContrastiveTarget(Target):
         self.uri = uri or f"hf:{source}"
         self.path = _local_dir(source)
         self.device = device
+        transformers.logging.disable_progress_bar()  # no tqdm bars inside mmchaos's own output
         try:
             self.model = transformers.AutoModel.from_pretrained(
                 str(self.path),
@@ -137,6 +139,9 @@ class HFContrastiveTarget(Target):
     def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
         if not images:
             return np.zeros((0, 0), dtype=np.float32)
+        for i, image in enumerate(images):
+            # Typed refusal of anything but a sane (H, W, 3) uint8 picture, before any copy.
+            check_image_array(image, i, max_pixels=self.max_image_pixels)
         pixels = self.preprocess_images(images)
         with self.torch.inference_mode():
             return self._to_numpy(self._features(self.model.get_image_features(pixel_values=pixels)))
@@ -144,8 +149,13 @@ class HFContrastiveTarget(Target):
     def embed_texts(self, texts: Sequence[str]) -> FloatArray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        if not all(isinstance(t, str) for t in texts):
-            raise TargetCallError("embed_texts takes str items", code="bad_text_type")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TargetCallError(f"text {i}: expected str, got {type(text).__name__}", code="bad_text_type")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # lone surrogates crash the Rust tokenizer
+                raise TargetCallError(f"text {i} is not valid Unicode: {exc.reason}", code="bad_utf8") from exc
         enc = self.tokenize(texts)
         with self.torch.inference_mode():
             return self._to_numpy(self._features(self.model.get_text_features(**enc)))

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from mmchaos._lazy import require
+from mmchaos.checks.declared_size import SizeLimits, check_declared_size
 from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import (
     Capability,
@@ -71,11 +72,19 @@ def _version(dist: str) -> str:
     return "unknown"
 
 
+MAX_IMAGE_PIXELS = 89_478_485  # Pillow's decompression-bomb limit; a text line is far smaller
+
+
 def _to_bgr(image: Any, index: int) -> np.ndarray:
     """An RGB uint8 image (gray and RGBA accepted) as a contiguous BGR array for RapidOCR."""
     arr = np.asarray(image)
     if arr.dtype != np.uint8:
         raise TargetCallError(f"image {index}: expected dtype uint8, got {arr.dtype}", code="target_bad_input")
+    # The declared shape is checked in 64-bit arithmetic before anything is copied: a zero-stride
+    # view of 50000x50000 pixels must be refused, not materialised.
+    problem = check_declared_size(arr.shape, SizeLimits(max_pixels=MAX_IMAGE_PIXELS))
+    if problem is not None:
+        raise TargetCallError(f"image {index}: {problem.message}", code=problem.code)
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     elif arr.ndim == 3 and arr.shape[2] == 1:

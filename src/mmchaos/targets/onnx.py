@@ -1,0 +1,181 @@
+"""``onnx:<dir>``: an exported contrastive model run by ONNX Runtime, with its HF preprocessing.
+
+The directory is what ``mmchaos export`` writes (see :mod:`mmchaos.targets.export`): ONNX graphs
+plus the tokenizer, image processor and config files of the source model. Every check that needs
+no white-box access runs against it; its fingerprint can be compared with the one recorded at
+export time, so a tokenizer or processor swapped in later is caught.
+
+Unlike the array API of most adapters, this one validates its inputs and refuses bad ones with
+typed errors (step 1's contract), so it also serves as a reference adapter.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmchaos._lazy import require
+from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.decode import check_image_array
+from mmchaos.targets.export import IMAGE_FILE, MANIFEST, TEXT_FILE, component_hashes
+
+__all__ = ["OnnxTarget", "load_onnx"]
+
+log = logging.getLogger(__name__)
+
+
+class OnnxTarget(Target):
+    """ONNX Runtime sessions for the image and/or text encoder, HF tokenizer and image processor."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        uri: str | None = None,
+        threads: int | None = None,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+    ) -> None:
+        ort = require("onnxruntime")
+        transformers = require("transformers")
+        self.path = Path(directory).expanduser()
+        self.uri = uri or f"onnx:{directory}"
+        if not self.path.is_dir():
+            raise TargetLoadError(f"onnx target {directory!r} is not a directory")
+        manifest_path = self.path / MANIFEST
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        except (OSError, ValueError) as exc:
+            raise TargetLoadError(f"unreadable {manifest_path}: {exc}") from exc
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.sessions: dict[str, Any] = {}
+        for kind, name in (("image", IMAGE_FILE), ("text", TEXT_FILE)):
+            if (self.path / name).is_file():
+                try:
+                    self.sessions[kind] = ort.InferenceSession(
+                        str(self.path / name), sess_options=options, providers=list(providers)
+                    )
+                except Exception as exc:  # onnxruntime raises its own untyped errors
+                    raise TargetLoadError(f"ONNX Runtime cannot load {self.path / name}: {exc}") from exc
+        if not self.sessions:
+            raise TargetLoadError(f"{self.path} holds neither {IMAGE_FILE} nor {TEXT_FILE} (make one: mmchaos export)")
+        caps = {Capability.PREPROCESS}
+        self.tokenizer: Any = None
+        self.image_processor: Any = None
+        if "image" in self.sessions:
+            caps.add(Capability.EMBED_IMAGE)
+            self.image_processor = self._load(transformers.AutoImageProcessor, "image processor")
+        if "text" in self.sessions:
+            caps.add(Capability.EMBED_TEXT)
+            self.tokenizer = self._load(transformers.AutoTokenizer, "tokenizer")
+        self.capabilities = frozenset(caps)
+        config = self._config()
+        limit = self.manifest.get("max_text_tokens") or config.get("text_config", {}).get("max_position_embeddings")
+        self.max_text_tokens: int | None = int(limit) if limit else None
+        self.text_padding: str | bool = self.manifest.get("text_padding", True)
+        self._fingerprint: Fingerprint | None = None
+
+    def _load(self, auto: Any, what: str) -> Any:
+        try:
+            return auto.from_pretrained(str(self.path), local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise TargetLoadError(f"cannot load the {what} from {self.path}: {exc}") from exc
+
+    def _config(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.path / "config.json").read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    # -- preprocessing, exposed (PREPROCESS) --------------------------------------------------
+
+    def preprocess_images(self, images: Sequence[ImageArray]) -> np.ndarray:
+        for i, img in enumerate(images):
+            check_image_array(img, i, max_pixels=self.max_image_pixels)
+        batch = self.image_processor(
+            images=[np.asarray(i) for i in images], return_tensors="np", input_data_format="channels_last"
+        )
+        return np.ascontiguousarray(batch["pixel_values"], dtype=np.float32)
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="text_bad_type")
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise TargetCallError(
+                    f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="text_invalid"
+                ) from exc
+        kwargs: dict[str, Any] = {"padding": self.text_padding, "truncation": True, "return_tensors": "np"}
+        if self.max_text_tokens:
+            kwargs["max_length"] = self.max_text_tokens
+        enc = self.tokenizer(list(texts), **kwargs)
+        return {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask") if k in enc}
+
+    # -- capabilities -------------------------------------------------------------------------
+
+    def _run(self, kind: str, feeds: dict[str, np.ndarray]) -> FloatArray:
+        session = self.sessions[kind]
+        wanted = {i.name for i in session.get_inputs()}
+        try:
+            out = session.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
+        except Exception as exc:  # onnxruntime's errors are untyped
+            raise TargetCallError(f"ONNX Runtime failed on the {kind} encoder: {exc}", code="onnx_run_failed") from exc
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
+        if "image" not in self.sessions:
+            return super().embed_images(images)
+        if not images:
+            return np.zeros((0, 0), dtype=np.float32)
+        return self._run("image", {"pixel_values": self.preprocess_images(images)})
+
+    def embed_texts(self, texts: Sequence[str]) -> FloatArray:
+        if "text" not in self.sessions:
+            return super().embed_texts(texts)
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        return self._run("text", self.tokenize(texts))
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def fingerprint(self) -> Fingerprint:
+        if self._fingerprint is None:
+            versions = {}
+            for name in ("onnxruntime", "transformers", "tokenizers", "numpy"):
+                try:
+                    versions[name] = importlib.metadata.version(name)
+                except importlib.metadata.PackageNotFoundError:
+                    versions[name] = "absent"
+            self._fingerprint = Fingerprint(**component_hashes(self.path), versions=versions)
+        return self._fingerprint
+
+    def recorded_fingerprint(self) -> Fingerprint | None:
+        """The component hashes written by ``mmchaos export`` (None for a hand-made directory)."""
+        expected = self.manifest.get("expected_components")
+        if not isinstance(expected, dict):
+            return None
+        return Fingerprint(
+            weights=str(expected.get("weights", "")),
+            tokenizer=str(expected.get("tokenizer", "")),
+            processor=str(expected.get("processor", "")),
+            config=str(expected.get("config", "")),
+        )
+
+    def close(self) -> None:
+        self.sessions = {}
+
+
+def load_onnx(rest: str, **options: Any) -> Target:
+    """The ``onnx:`` scheme's factory: ``onnx:<export directory>``."""
+    return OnnxTarget(rest, uri=f"onnx:{rest}")

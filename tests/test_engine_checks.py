@@ -1,0 +1,135 @@
+"""Step 4 checks on real (tiny) transformers CLIP models: correct twins pass, broken ones fail.
+
+The model is the built-in tiny-clip when installed, else a random-weight tiny CLIP built here;
+each broken target adds one realistic bug to it (see tests/broken_targets.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from mmchaos.checks.base import CheckContext, Finding, Verdict
+from mmchaos.checks.batch_invariance import BatchInvariance, BatchInvarianceParams
+from mmchaos.checks.context_boundary import ContextBoundary, ContextBoundaryGate
+from mmchaos.checks.precision import Precision, PrecisionGate, PrecisionParams, cast_module
+from mmchaos.data.shapes import make_shapes
+from mmchaos.runner import TimedTarget
+from tests import broken_targets as bt
+
+DATA = make_shapes(24, seed=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield bt.ensure_tiny_clip(tmp_path_factory.getbasetemp())
+    torch.set_num_threads(threads)
+
+
+def _run(check: Any, target: Any, data: Any = DATA) -> list[Finding]:
+    return list(check.run(CheckContext(target=TimedTarget(target), dataset=data, seed=0, check_id=check.name)))
+
+
+def _precision_gate(model_dir: Path) -> PrecisionGate:
+    if bt.is_trained(model_dir):
+        return PrecisionGate()
+    # A random-weight model's zero-shot scores are near ties: top-1 flips on rounding noise,
+    # so only the cosine and NaN parts of the gate mean anything for it.
+    return PrecisionGate(min_top1_agreement=0.0, max_metric_drop=1.0)
+
+
+def test_precision_passes_the_model_and_restores_it_bit_for_bit(model_dir: Path) -> None:
+    import numpy as np
+
+    target = bt.tiny_clip()
+    before = target.embed_images([DATA[0].load_image()])
+    findings = _run(Precision(PrecisionParams(samples=16), _precision_gate(model_dir)), target)
+    by_dtype = {f.evidence["dtype"]: f for f in findings}
+    assert set(by_dtype) == {"float16", "bfloat16"}
+    for f in findings:
+        assert f.verdict == Verdict.PASS, f.title
+        assert f.metrics["image_nonfinite_rows"] == 0 and f.metrics["image_min_cosine"] > 0.99
+    assert np.array_equal(before, target.embed_images([DATA[0].load_image()])), "fp32 weights must come back exactly"
+
+
+def test_precision_names_the_layer_that_overflows_in_fp16(model_dir: Path) -> None:
+    findings = _run(Precision(PrecisionParams(samples=16, dtypes=["float16", "bfloat16"])), bt.fp16_overflow())
+    fp16 = next(f for f in findings if f.evidence["dtype"] == "float16")
+    assert fp16.verdict == Verdict.FAIL
+    origin = fp16.evidence["nonfinite_origin"]
+    last = len(bt.fp16_overflow().model.vision_model.encoder.layers) - 1
+    assert origin["module"] == f"vision_model.encoder.layers.{last}.mlp.fc2" and origin["module_type"] == "Linear"
+    assert origin["modality"] == "image"
+    assert origin["input_index"] == fp16.evidence["nonfinite_inputs"]["image"][0], "the first input that overflows"
+    assert f"'vision_model.encoder.layers.{last}.mlp.fc2'" in fp16.title
+    assert fp16.artifacts and fp16.artifacts[0].name.endswith(".png"), "the triggering image is saved"
+    bf16 = next(f for f in findings if f.evidence["dtype"] == "bfloat16")
+    assert bf16.evidence.get("nonfinite_origin") is None, "bf16 has fp32's range: no overflow"
+
+
+def test_cast_module_restores_the_original_tensors() -> None:
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    storage = [p.data.data_ptr() for p in module.parameters()]
+    with cast_module(module, torch.float16):
+        assert all(p.dtype == torch.float16 for p in module.parameters())
+    assert [p.data.data_ptr() for p in module.parameters()] == storage
+    assert module[1].running_mean.dtype == torch.float32
+
+
+def test_context_boundary_passes_a_target_that_rejects_over_long_text(model_dir: Path) -> None:
+    findings = _run(ContextBoundary(), bt.rejects_long_text())
+    assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.PASS], [f.title for f in findings]
+    assert "rejected with a typed error" in findings[1].title
+
+
+def test_context_boundary_on_the_plain_model_reports_silent_truncation(model_dir: Path) -> None:
+    findings = _run(ContextBoundary(), bt.tiny_clip())
+    within, beyond, eos = findings
+    assert within.verdict == Verdict.PASS and eos.verdict == Verdict.PASS
+    assert beyond.verdict == Verdict.FAIL and "silent truncation" in beyond.title
+    allowed = _run(ContextBoundary(gate=ContextBoundaryGate(allow_silent_truncation=True)), bt.tiny_clip())
+    assert allowed[1].verdict == Verdict.PASS and "allowed by the gate" in allowed[1].title
+
+
+def test_context_boundary_finds_a_tokenizer_that_truncates_early(model_dir: Path) -> None:
+    target = bt.early_truncation()
+    within = _run(ContextBoundary(), target)[0]
+    limit = target.max_text_tokens
+    assert within.verdict == Verdict.FAIL
+    assert within.metrics["effective_limit"] == limit - 6
+    assert f"stops changing after {limit - 6} tokens, 6 before the model's limit of {limit}" in within.title
+
+
+def test_context_boundary_finds_eos_lost_in_truncation(model_dir: Path) -> None:
+    findings = _run(ContextBoundary(), bt.eos_dropping())
+    eos = findings[-1]
+    assert eos.verdict == Verdict.FAIL and "not EOS" in eos.title
+    assert eos.evidence["last_token_id"] != eos.evidence["eos_token_id"]
+
+
+def test_batch_invariance_padding_side_and_heterogeneous_sizes(model_dir: Path) -> None:
+    params = BatchInvarianceParams(samples=6, batch_sizes=[1, 3], compositions=2)
+    good = {f.evidence["modality"]: f for f in _run(BatchInvariance(params), bt.tiny_clip())}
+    assert {k: f.verdict for k, f in good.items()} == {"image": Verdict.PASS, "text": Verdict.PASS}
+    assert good["image"].evidence["neighbour_sizes"], "image batches mixed sizes"
+    text = good["text"]
+    assert text.evidence["padding_side"] == "right" and "keep 'right'" in text.evidence["padding_side_note"]
+    assert text.evidence["padding_deviation"]["right"] <= 1e-4 < text.evidence["padding_deviation"]["left"]
+    bad = {f.evidence["modality"]: f for f in _run(BatchInvariance(params), bt.left_padding())}
+    assert bad["image"].verdict == Verdict.PASS
+    assert bad["text"].verdict == Verdict.FAIL
+    side = bad["text_padding_side"]
+    assert side.verdict == Verdict.FAIL and "padding on the left changes outputs" in side.title
+    assert "padding_side='right' would keep it invariant" in side.title
