@@ -158,16 +158,36 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
 
 
+# The foundation's checks, which need no white-box access (precision, thread safety and the other
+# white-box checks are skipped over HTTP by design, so they are left out of the comparison).
+FOUNDATION_SUITE = """
+name: foundation
+seed: 0
+checks:
+  - check: robustness
+    params:
+      samples: 48
+      severities: [1, 3]
+      perturbations: [gaussian_noise, jpeg_compression, low_light, keyboard_typo, homoglyph]
+      worst_cases: 3
+  - check: missing_modality
+  - check: batch_invariance
+    params: {samples: 8, batch_sizes: [1, 2, 7]}
+"""
+
+
 def test_validate_through_http_agrees_with_in_process(run_cli: Any, tmp_path: Path) -> None:
+    suite = tmp_path / "foundation.yaml"
+    suite.write_text(FOUNDATION_SUITE)
     local = load_target(COMPARED)
     try:
         with ServerThread(local) as srv:
             name = srv.state.model_name
-            http = _run(run_cli, tmp_path, "http", f"openai:{srv.base_url}", "quick", name)
+            http = _run(run_cli, tmp_path, "http", f"openai:{srv.base_url}", str(suite), name)
             served_requests = srv.state.metrics.requests.labels("/v1/embeddings", "200")._value.get()
     finally:
         local.close()
-    inproc = _run(run_cli, tmp_path, "local", COMPARED, "quick", None)
+    inproc = _run(run_cli, tmp_path, "local", COMPARED, str(suite), None)
     assert served_requests > 10  # the checks really went through HTTP
     assert http["target"]["uri"].startswith("openai:http://127.0.0.1:")
     assert http["summary"]["exit_code"] == inproc["summary"]["exit_code"]

@@ -149,8 +149,10 @@ def load_target(uri: str, options: TargetOptions | None = None) -> Target:
     opts = asdict(options or TargetOptions())
     try:
         target = _validate(factory(rest, **opts), uri)
-        # Worker processes (contract, determinism) reload the target with the same options.
-        target.load_options = dict(opts)
+        # Worker processes (contract, determinism) reload the target with the same options,
+        # unless the target recorded more precise ones itself (e.g. the model it discovered).
+        if not target.load_options:
+            target.load_options = dict(opts)
         return target
     except MMChaosError:
         raise
