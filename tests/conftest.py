@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports torch: spinning OpenMP workers make forward passes 10-20x slower when
+# a test runs a server thread and a client in one process on 2 cores (as the CLI does too).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
