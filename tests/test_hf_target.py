@@ -48,7 +48,9 @@ def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = transformers.CLIPConfig(text_config=text, vision_config=_vision_cfg(32), projection_dim=16)
     torch.manual_seed(0)
     transformers.CLIPModel(cfg).save_pretrained(str(d))
-    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(str(d))
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        str(d)
+    )
     return d
 
 

@@ -39,8 +39,8 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE)
     db = tmp_path / "runs.db"
-    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", "py:tests.fakes:slow",
-            "--suite", str(suite), "--data", "builtin:shapes?n=12", "--store", str(db), "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", "py:tests.fakes:slow", "--suite", str(suite),
+            "--data", "builtin:shapes?n=12", "--store", str(db), "--out", str(tmp_path / "out")]  # fmt: skip
     env = dict(subprocess_env, MMCHAOS_TEST_DELAY="0.2")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -73,7 +73,7 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
             str(db),
             "--out",
             str(tmp_path / "out"),
-        ],  # fmt: skip
+        ],
         env=env,
         capture_output=True,
         text=True,
