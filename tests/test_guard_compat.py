@@ -168,11 +168,17 @@ def test_bad_directories_are_typed_errors(tmp_path: Path) -> None:
     assert info.value.code == "model_file_invalid"
 
 
-def test_file_sets_match_the_hf_target() -> None:
-    hf = pytest.importorskip("mmchaos.targets.hf")
-    assert compat.WEIGHT_GLOBS == hf._WEIGHT_GLOBS
-    assert compat.TOKENIZER_FILES == hf._TOKENIZER_FILES
-    assert compat.PROCESSOR_FILES == hf._PROCESSOR_FILES
+def test_a_model_directory_hashes_alike_through_the_guard_and_its_hf_target() -> None:
+    builtin = pytest.importorskip("mmchaos.targets.builtin")
+    pytest.importorskip("transformers")
+    if not (builtin.TINY_CLIP_DIR / "model.safetensors").is_file():
+        pytest.skip("built-in tiny-clip not installed")
+    from mmchaos.targets import load_target
+
+    served = load_target("builtin:tiny-clip").fingerprint()
+    guarded = fingerprint(builtin.TINY_CLIP_DIR)
+    for component in ("weights", "tokenizer", "processor", "config"):
+        assert getattr(served, component) == getattr(guarded, component), component
 
 
 def test_the_builtin_tiny_clip_directory_is_consistent() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos.errors import MMChaosError
-from mmchaos.targets.base import Fingerprint, hash_files
+from mmchaos.targets.base import PROCESSOR_FILES, Fingerprint, component_hashes, hash_files
 
 __all__ = [
     "COMPONENTS",
@@ -38,19 +38,6 @@ __all__ = [
 
 COMPONENTS = ("weights", "tokenizer", "processor", "config")
 
-# The same file sets as mmchaos.targets.hf, so a directory and its hf: target hash alike.
-WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "spiece.model",
-    "vocab.txt",
-    "added_tokens.json",
-)
-PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "image_processor_config.json")
 #: What :func:`hash_files` gives for no files at all: the component is absent.
 EMPTY_HASH = hash_files([])
 # transformers' "no limit" sentinel for model_max_length (int(1e30)).
@@ -89,16 +76,9 @@ def fingerprint(model_dir: str | Path) -> Fingerprint:
     path = Path(model_dir)
     if not path.is_dir():
         raise CompatibilityError(f"{path} is not a model directory", (), code="model_dir_missing")
-    weights = sorted(p for g in WEIGHT_GLOBS for p in path.glob(g))
     config = _read_json(path / "config.json")
     versions = {"transformers": str(config["transformers_version"])} if "transformers_version" in config else {}
-    return Fingerprint(
-        weights=hash_files(weights),
-        tokenizer=hash_files([path / f for f in TOKENIZER_FILES]),
-        processor=hash_files([path / f for f in PROCESSOR_FILES]),
-        config=hash_files([path / "config.json"]),
-        versions=versions,
-    )
+    return Fingerprint(**component_hashes(path), versions=versions)
 
 
 def _as_fingerprint(value: Fingerprint | Mapping[str, Any] | str | Path) -> Fingerprint:

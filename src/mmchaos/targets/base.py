@@ -21,7 +21,18 @@ import numpy.typing as npt
 
 from mmchaos.errors import CapabilityError
 
-__all__ = ["Capability", "Fingerprint", "Target", "hash_file", "hash_files"]
+__all__ = [
+    "CONFIG_FILES",
+    "PROCESSOR_FILES",
+    "TOKENIZER_FILES",
+    "WEIGHT_GLOBS",
+    "Capability",
+    "Fingerprint",
+    "Target",
+    "component_hashes",
+    "hash_file",
+    "hash_files",
+]
 
 ImageArray = npt.NDArray[np.uint8]
 FloatArray = npt.NDArray[np.float32]
@@ -64,12 +75,39 @@ class Fingerprint:
         return out
 
 
+# Which files of a Hugging Face-style model directory make up each fingerprint component. One
+# definition, so a directory, its hf: target, its ONNX export and the guards hash alike.
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.onnx")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "spiece.model",
+    "vocab.txt",
+    "added_tokens.json",
+)
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "image_processor_config.json")
+CONFIG_FILES = ("config.json",)
+
+
 def hash_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def component_hashes(directory: Path) -> dict[str, str]:
+    """The weights/tokenizer/processor/config hashes of a model directory (see the file sets above)."""
+    return {
+        "weights": hash_files(sorted(p for g in WEIGHT_GLOBS for p in directory.glob(g))),
+        "tokenizer": hash_files([directory / f for f in TOKENIZER_FILES]),
+        "processor": hash_files([directory / f for f in PROCESSOR_FILES]),
+        "config": hash_files([directory / f for f in CONFIG_FILES]),
+    }
 
 
 def hash_files(paths: Sequence[Path]) -> str:

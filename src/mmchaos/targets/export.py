@@ -24,7 +24,14 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import CapabilityError, ConfigError, TargetCallError
-from mmchaos.targets.base import Capability, Target, hash_files
+from mmchaos.targets.base import (
+    CONFIG_FILES,
+    PROCESSOR_FILES,
+    TOKENIZER_FILES,
+    Capability,
+    Target,
+    component_hashes,
+)
 
 __all__ = [
     "IMAGE_FILE",
@@ -41,18 +48,6 @@ __all__ = [
 MANIFEST = "mmchaos_export.json"
 IMAGE_FILE = "image_encoder.onnx"
 TEXT_FILE = "text_encoder.onnx"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "spiece.model",
-    "vocab.txt",
-    "added_tokens.json",
-)
-PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "image_processor_config.json")
-CONFIG_FILES = ("config.json",)
 RECORD_FILES = ("training.json",)  # what the weights were validated at (the fingerprint check reads it)
 
 
@@ -178,16 +173,6 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = "absent"
     return out
-
-
-def component_hashes(directory: Path) -> dict[str, str]:
-    """The fingerprint components of an export directory (what ``onnx:`` targets report)."""
-    return {
-        "weights": hash_files([p for p in (directory / IMAGE_FILE, directory / TEXT_FILE) if p.is_file()]),
-        "tokenizer": hash_files([directory / f for f in TOKENIZER_FILES]),
-        "processor": hash_files([directory / f for f in PROCESSOR_FILES]),
-        "config": hash_files([directory / f for f in CONFIG_FILES]),
-    }
 
 
 def _differences(target: Target, directory: Path) -> dict[str, float]:

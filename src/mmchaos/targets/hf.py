@@ -15,24 +15,10 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
-from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, hash_files
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
 
 __all__ = ["HFContrastiveTarget"]
-
-_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "spiece.model",
-    "vocab.txt",
-    "added_tokens.json",
-)
-_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "image_processor_config.json")
-
 
 def _versions(*packages: str) -> dict[str, str]:
     out = {}
@@ -165,12 +151,8 @@ class HFContrastiveTarget(Target):
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
-            weights = [p for g in _WEIGHT_GLOBS for p in self.path.glob(g)]
             self._fingerprint = Fingerprint(
-                weights=hash_files(weights),
-                tokenizer=hash_files([self.path / f for f in _TOKENIZER_FILES]),
-                processor=hash_files([self.path / f for f in _PROCESSOR_FILES]),
-                config=hash_files([self.path / "config.json"]),
+                **component_hashes(self.path),
                 versions=_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
             )
         return self._fingerprint

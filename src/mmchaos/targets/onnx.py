@@ -22,9 +22,9 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
-from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
-from mmchaos.targets.export import IMAGE_FILE, MANIFEST, TEXT_FILE, component_hashes
+from mmchaos.targets.export import IMAGE_FILE, MANIFEST, TEXT_FILE
 
 __all__ = ["OnnxTarget", "load_onnx"]
 
