@@ -14,11 +14,11 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from mmchaos.checks.base import CheckContext, Verdict  # noqa: E402
-from mmchaos.checks.contract import Contract  # noqa: E402
-from mmchaos.data import load_dataset  # noqa: E402
-from mmchaos.runner import default_data  # noqa: E402
-from mmchaos.targets import load_target  # noqa: E402
+from mmchaos.checks.base import CheckContext, Verdict
+from mmchaos.checks.contract import Contract
+from mmchaos.data import load_dataset
+from mmchaos.runner import default_data
+from mmchaos.targets import load_target
 
 
 def main() -> None:
