@@ -27,6 +27,9 @@ def measure(target: str, suite: str, workdir: Path) -> dict[str, float | str]:
     if proc.returncode not in (0, 1):
         raise SystemExit(f"validate failed ({proc.returncode}): {proc.stderr[-2000:]}")
     results = json.loads((out / "results.json").read_text())
+    print(f"\n{suite}: per check (wall s / model s)")
+    for c in results["checks"]:
+        print(f"  {c['id']:<22} {c['wall_seconds']:7.2f} {c['model_seconds']:7.2f}")
     checks = results["summary"]["wall_seconds"]
     model = results["summary"]["model_seconds"]
     return {
