@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
 
 __all__ = [
+    "ANY_MODALITY",
     "Artifact",
     "Check",
     "CheckContext",
@@ -186,6 +187,14 @@ class CheckContext:
 
 def _stable_int(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+ANY_MODALITY: tuple[frozenset[Capability], ...] = (
+    frozenset({Capability.EMBED_IMAGE}),
+    frozenset({Capability.EMBED_TEXT}),
+    frozenset({Capability.READ_TEXT}),
+)
+"""``requires`` of checks that work on whatever single modality the target handles."""
 
 
 class Check:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from mmchaos.checks.base import Check, CheckContext, Finding, Gate, Params, Severity, Step, Verdict
+from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Finding, Gate, Params, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 from mmchaos.tasks.base import l2_normalise
 
@@ -50,11 +50,7 @@ class BatchInvariance(Check):
 
     name = "batch_invariance"
     step = Step.ENGINE
-    requires = (
-        frozenset({Capability.EMBED_IMAGE}),
-        frozenset({Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = ANY_MODALITY
     Params = BatchInvarianceParams
     Gate = BatchInvarianceGate
 

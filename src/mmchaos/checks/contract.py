@@ -26,7 +26,18 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks._workers import ErrorInfo, InProcessRunner, JobResult, WorkerPool, WorkerSpec, describe_exception
-from mmchaos.checks.base import Artifact, Check, CheckContext, Finding, Gate, Params, Severity, Step, Verdict
+from mmchaos.checks.base import (
+    ANY_MODALITY,
+    Artifact,
+    Check,
+    CheckContext,
+    Finding,
+    Gate,
+    Params,
+    Severity,
+    Step,
+    Verdict,
+)
 from mmchaos.checks.contract_corpus import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.checks.declared_size import INT32_MAX, int32_wrapped_product
 from mmchaos.checks.evidence import png_bytes, safe_name
@@ -409,11 +420,7 @@ class Contract(Check):
 
     name = "contract"
     step = Step.CONTRACT
-    requires = (
-        frozenset({Capability.EMBED_IMAGE}),
-        frozenset({Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = ANY_MODALITY
     Params = ContractParams
     Gate = ContractGate
 

@@ -16,7 +16,18 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks._workers import JobResult, WorkerPool, WorkerSpec, describe_exception
-from mmchaos.checks.base import Artifact, Check, CheckContext, Finding, Gate, Params, Severity, Step, Verdict
+from mmchaos.checks.base import (
+    ANY_MODALITY,
+    Artifact,
+    Check,
+    CheckContext,
+    Finding,
+    Gate,
+    Params,
+    Severity,
+    Step,
+    Verdict,
+)
 from mmchaos.checks.contract import unwrap_target
 from mmchaos.checks.thread_safety import max_difference
 from mmchaos.errors import TargetLoadError
@@ -58,11 +69,7 @@ class Determinism(Check):
 
     name = "determinism"
     step = Step.INTEGRATION
-    requires = (
-        frozenset({Capability.EMBED_IMAGE}),
-        frozenset({Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = ANY_MODALITY
     Params = DeterminismParams
     Gate = DeterminismGate
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from mmchaos.checks.base import Check, CheckContext, Finding, Params, Severity, Step, Verdict
+from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Finding, Params, Severity, Step, Verdict
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.targets.base import Capability
 
@@ -40,11 +40,7 @@ class MissingModality(Check):
 
     name = "missing_modality"
     step = Step.ROBUSTNESS
-    requires = (
-        frozenset({Capability.EMBED_IMAGE}),
-        frozenset({Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = ANY_MODALITY
     Params = MissingModalityParams
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:

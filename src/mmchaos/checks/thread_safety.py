@@ -19,7 +19,18 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from mmchaos.checks.base import Artifact, Check, CheckContext, Finding, Gate, Params, Severity, Step, Verdict
+from mmchaos.checks.base import (
+    ANY_MODALITY,
+    Artifact,
+    Check,
+    CheckContext,
+    Finding,
+    Gate,
+    Params,
+    Severity,
+    Step,
+    Verdict,
+)
 from mmchaos.checks.contract import unwrap_target
 from mmchaos.checks.evidence import png_bytes
 from mmchaos.targets.base import Capability
@@ -87,11 +98,7 @@ class ThreadSafety(Check):
 
     name = "thread_safety"
     step = Step.INTEGRATION
-    requires = (
-        frozenset({Capability.EMBED_IMAGE}),
-        frozenset({Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = ANY_MODALITY
     Params = ThreadSafetyParams
     Gate = ThreadSafetyGate
 
