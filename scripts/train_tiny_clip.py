@@ -20,7 +20,7 @@ held-out metrics are measured on a fresh load from disk (``AutoProcessor`` + ``C
 
 Usage::
 
-    python scripts/train_tiny_clip.py        # seed 0, 3000 steps -> src/mmchaos/models/tiny-clip
+    python scripts/train_tiny_clip.py        # seed 0, 4000 steps -> src/mmchaos/models/tiny-clip
     python scripts/train_tiny_clip.py --seed 1 --steps 300 --out /tmp/tiny-clip --eval-every 100
 """
 
@@ -631,7 +631,7 @@ def train(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
