@@ -9,8 +9,9 @@ only the standard library, pydantic and prometheus-client, and only the load dri
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mmchaos._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from mmchaos.serving.config import (
@@ -108,14 +109,4 @@ _MODULE_OF = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mmchaos.serving' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("mmchaos.serving", _MODULE_OF, globals())
