@@ -14,9 +14,10 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from mmchaos.checks.base import CheckContext, Verdict
-from mmchaos.checks.contract import Contract
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.contract.contract import Contract
 from mmchaos.data import load_dataset
+from mmchaos.findings import Verdict
 from mmchaos.runner import default_data
 from mmchaos.targets import load_target
 

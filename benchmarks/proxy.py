@@ -2,7 +2,7 @@
 
     python benchmarks/proxy.py [--blocks 10] [--small 3000] [--seconds 0.5] [--uploads 30] [--loop uvloop]
 
-Starts the echo HTTP upstream (``python -m mmchaos.serving.echo``) and the proxy, each in its own
+Starts the echo HTTP upstream (``python -m mmchaos.proxy.echo``) and the proxy, each in its own
 process, and measures from this process with raw keep-alive sockets (so the client adds as little
 as possible):
 
@@ -142,7 +142,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> str:
-    upstream, up_addr = _spawn(["-m", "mmchaos.serving.echo", "--listen", "127.0.0.1:0"])
+    upstream, up_addr = _spawn(["-m", "mmchaos.proxy.echo", "--listen", "127.0.0.1:0"])
     proxy = None
     try:
         proxy_args = [__file__, "--role", "proxy", "--upstream", f"{up_addr[0]}:{up_addr[1]}", "--loop", args.loop]
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> str:
 async def _proxy_role(upstream: str) -> None:
     import signal
 
-    from mmchaos.serving.proxy import FaultProxy
+    from mmchaos.proxy.proxy import FaultProxy
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

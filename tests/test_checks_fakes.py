@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmchaos.checks.base import CheckContext, Verdict
-from mmchaos.checks.batch_invariance import BatchInvariance, BatchInvarianceParams
-from mmchaos.checks.missing_modality import MissingModality
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.engine.batch_invariance import BatchInvariance, BatchInvarianceParams
+from mmchaos.checks.robustness.missing_modality import MissingModality
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Verdict
 from mmchaos.runner import RunConfig, run_suite
 from mmchaos.store import RunStore
 from mmchaos.suites import SuiteSpec

@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmchaos.checks._workers import ErrorInfo, JobResult
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.contract import Contract, ContractGate, ContractParams, classify, replay
-from mmchaos.checks.contract_corpus import get_case
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.contract.contract import Contract, ContractGate, ContractParams, classify, replay
+from mmchaos.checks.contract.corpus import get_case
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
+from mmchaos.isolation import ErrorInfo, JobResult
 from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
 from tests import fakes
@@ -56,7 +57,7 @@ def test_a_processor_that_ignores_exif_fails_every_rotated_photo() -> None:
 
 
 def _base() -> Any:
-    from mmchaos.checks.contract import _base_sample
+    from mmchaos.checks.contract.contract import _base_sample
 
     return _base_sample(CheckContext(target=bt.ContractSafeTarget(), dataset=DATA, seed=0, check_id="x"))
 
@@ -139,7 +140,7 @@ def test_replay_reproduces_one_case_in_process() -> None:
 @pytest.mark.parametrize("name", ["contract"])
 def test_contract_is_registered_for_step_1(name: str) -> None:
     from mmchaos.checks import REGISTRY
-    from mmchaos.runner import AVAILABLE_STEPS
+    from mmchaos.findings import AVAILABLE_STEPS
 
     cls = REGISTRY.get(name)
     assert cls.step in AVAILABLE_STEPS and (cls.__doc__ or "").strip()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.contract import Contract
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.contract.contract import Contract
 from mmchaos.data import load_dataset
+from mmchaos.findings import Finding, Verdict
 from mmchaos.targets import load_target
 from mmchaos.targets.builtin import TINY_CLIP_DIR
 
 pytestmark = pytest.mark.integration
+
 
 def _run(uri: str, data: str) -> list[Finding]:
     target = load_target(uri)

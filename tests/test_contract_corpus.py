@@ -7,16 +7,16 @@ import resource
 import numpy as np
 import pytest
 
-from mmchaos.checks.contract_corpus import CASES, CorpusBase, get_case, select_cases
-from mmchaos.checks.declared_size import (
+from mmchaos.checks.contract.corpus import CASES, CorpusBase, get_case, select_cases
+from mmchaos.data.shapes import make_sample
+from mmchaos.errors import TargetCallError
+from mmchaos.guard.limits import (
     INT32_MAX,
     SizeLimits,
     check_declared_size,
     declared_elements,
     int32_wrapped_product,
 )
-from mmchaos.data.shapes import make_sample
-from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Target
 from mmchaos.targets.decode import check_image_array
 

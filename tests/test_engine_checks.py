@@ -15,11 +15,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.batch_invariance import BatchInvariance, BatchInvarianceParams
-from mmchaos.checks.context_boundary import ContextBoundary, ContextBoundaryGate
-from mmchaos.checks.precision import Precision, PrecisionGate, PrecisionParams, cast_module
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.engine.batch_invariance import BatchInvariance, BatchInvarianceParams
+from mmchaos.checks.engine.context_boundary import ContextBoundary, ContextBoundaryGate
+from mmchaos.checks.engine.precision import Precision, PrecisionGate, PrecisionParams, cast_module
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
 from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
 

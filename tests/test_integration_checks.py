@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.determinism import Determinism, DeterminismParams
-from mmchaos.checks.fingerprint_match import FingerprintMatch, FingerprintMatchGate, FingerprintMatchParams
-from mmchaos.checks.thread_safety import ThreadSafety, ThreadSafetyParams, max_difference
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.integration.determinism import Determinism, DeterminismParams
+from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchGate, FingerprintMatchParams
+from mmchaos.checks.integration.thread_safety import ThreadSafety, ThreadSafetyParams, max_difference
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
 from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
 

@@ -12,10 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mmchaos.errors import ConfigError
-from mmchaos.serving import (
-    EchoHTTPServer,
-    FaultProxy,
+from mmchaos.chaos import (
     LoadConfig,
     LoadDriver,
     LoadRequest,
@@ -25,6 +22,8 @@ from mmchaos.serving import (
     embeddings_mix,
     ensure_loopback,
 )
+from mmchaos.errors import ConfigError
+from mmchaos.proxy import EchoHTTPServer, FaultProxy
 
 
 def run(coro: Awaitable[Any], limit: float = 20) -> Any:
@@ -98,7 +97,7 @@ def test_remote_targets_are_refused_before_any_traffic(url: str) -> None:
     )
     with pytest.raises(ConfigError) as info:
         run(driver.run())
-    assert info.value.code == "remote_target_refused" and "allow_remote" in str(info.value)
+    assert info.value.code == "remote_not_allowed" and "allow_remote" in str(info.value)
     assert calls == []
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmchaos.checks.base import Check, CheckContext, Finding, Verdict
-from mmchaos.checks.observability import DriftDetection, MetricsExposure
+from mmchaos.checks.base import Check, CheckContext
+from mmchaos.checks.observability.checks import DriftDetection, MetricsExposure
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes import HashEmbedTarget
 

@@ -15,11 +15,12 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from mmchaos.checks.backend_differential import BackendDifferential
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.fingerprint_match import FingerprintMatch, FingerprintMatchParams
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.engine.backend_differential import BackendDifferential
+from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchParams
 from mmchaos.data.shapes import make_shapes
 from mmchaos.errors import CapabilityError, ConfigError, TargetLoadError
+from mmchaos.findings import Finding, Verdict
 from mmchaos.runner import TimedTarget
 from mmchaos.targets import load_target
 from mmchaos.targets.base import Capability

@@ -11,10 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import mmchaos.serving as serving
+import mmchaos.chaos as chaos
+import mmchaos.proxy as serving
 from mmchaos.cli.proxy_cmd import parse_toxic_spec, register
 from mmchaos.errors import ConfigError, UnknownNameError, UsageError
-from mmchaos.serving.config import (
+from mmchaos.proxy.config import (
     TOXIC_TYPES,
     LatencyToxic,
     ProxyConfig,
@@ -25,13 +26,24 @@ from mmchaos.serving.config import (
 )
 
 EXPECTED_ALL = [
-    "ERROR_KINDS",
     "HTTP_TOXIC_TYPES",
     "TCP_TOXIC_TYPES",
     "TOXIC_TYPES",
     "ControlServer",
     "EchoHTTPServer",
     "FaultProxy",
+    "ProxyConfig",
+    "ProxyStats",
+    "ProxyThread",
+    "TcpEchoServer",
+    "Toxic",
+    "ToxicsFile",
+    "load_toxics_file",
+    "parse_toxic",
+    "render_metrics",
+]
+EXPECTED_CHAOS_ALL = [
+    "ERROR_KINDS",
     "LatencySummary",
     "LoadConfig",
     "LoadDriver",
@@ -39,28 +51,22 @@ EXPECTED_ALL = [
     "LoadResult",
     "MixEntry",
     "PayloadMix",
-    "ProxyConfig",
-    "ProxyStats",
-    "ProxyThread",
     "RequestRecord",
-    "TcpEchoServer",
-    "Toxic",
-    "ToxicsFile",
     "embeddings_mix",
     "ensure_loopback",
-    "load_toxics_file",
-    "parse_toxic",
-    "render_metrics",
     "run_load",
 ]
 
 
 def test_public_surface_is_pinned_and_lazy() -> None:
     assert serving.__all__ == EXPECTED_ALL
+    assert chaos.__all__ == EXPECTED_CHAOS_ALL
     for name in EXPECTED_ALL:
         assert getattr(serving, name) is not None
+    for name in EXPECTED_CHAOS_ALL:
+        assert getattr(chaos, name) is not None
     code = (
-        "import json, sys, mmchaos.serving as s; s.FaultProxy; s.ControlServer; "
+        "import json, sys, mmchaos.proxy as s; s.FaultProxy; s.ControlServer; "
         "print(json.dumps(sorted(m for m in ('httpx', 'torch') if m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmchaos.serving import ControlServer, EchoHTTPServer, FaultProxy, ProxyThread, TcpEchoServer
+from mmchaos.proxy import ControlServer, EchoHTTPServer, FaultProxy, ProxyThread, TcpEchoServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

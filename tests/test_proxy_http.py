@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mmchaos.serving.echo import EchoHTTPServer
-from mmchaos.serving.proxy import FaultProxy
+from mmchaos.proxy.echo import EchoHTTPServer
+from mmchaos.proxy.proxy import FaultProxy
 
 LIMIT_S = 20
 
@@ -291,7 +291,7 @@ async def test_framing_stays_in_step_across_mixed_keep_alive_traffic() -> None:
 
 @aio
 async def test_non_http_traffic_passes_through_untouched() -> None:
-    from mmchaos.serving.echo import TcpEchoServer
+    from mmchaos.proxy.echo import TcpEchoServer
 
     async with TcpEchoServer() as echo:
         proxy = FaultProxy(f"127.0.0.1:{echo.address[1]}", toxics=[{"type": "http_corrupt"}])

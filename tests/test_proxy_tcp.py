@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from mmchaos.serving.echo import TcpEchoServer
-from mmchaos.serving.proxy import FaultProxy
-from mmchaos.serving.toxics import Chunk, make_stub
+from mmchaos.proxy.echo import TcpEchoServer
+from mmchaos.proxy.proxy import FaultProxy
+from mmchaos.proxy.toxics import Chunk, make_stub
 
 LIMIT_S = 20
 
@@ -195,7 +195,7 @@ async def test_slicer_delivers_the_same_bytes_in_pieces() -> None:
 
 
 def test_slicer_sizes_are_deterministic_by_seed() -> None:
-    from mmchaos.serving.config import parse_toxic
+    from mmchaos.proxy.config import parse_toxic
 
     toxic = parse_toxic({"type": "slicer", "attributes": {"average_size": 10, "size_variation": 6}})
 

@@ -178,9 +178,7 @@ def make_results() -> tuple[Json, dict[str, bytes]]:
             "wall_seconds": 12.5,
             "model_seconds": 9.0,
         },
-        "steps": [
-            {"step": i, "name": n, "status": s, "verdicts": {}} for i, (n, s) in enumerate(STEPS, 1)
-        ],
+        "steps": [{"step": i, "name": n, "status": s, "verdicts": {}} for i, (n, s) in enumerate(STEPS, 1)],
         "checks": [
             {
                 "id": "robustness",

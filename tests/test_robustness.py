@@ -12,11 +12,12 @@ from PIL import Image
 from pydantic import ValidationError
 
 from mmchaos import perturb
-from mmchaos.checks.base import CheckContext, Finding, Verdict
-from mmchaos.checks.robustness import SCORE_DEFINITION, Robustness, RobustnessGate, RobustnessParams
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.robustness.robustness import SCORE_DEFINITION, Robustness, RobustnessGate, RobustnessParams
 from mmchaos.data.base import Dataset
 from mmchaos.data.shapes import make_shapes
 from mmchaos.errors import ConfigError
+from mmchaos.findings import Finding, Verdict
 from mmchaos.perturb.base import Applied
 from mmchaos.suites import SuiteSpec, build_checks
 from tests import fakes

@@ -16,10 +16,11 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from mmchaos.checks import _serving
-from mmchaos.checks._serving import BudgetExhausted, BudgetSpec, RequestLedger, is_typed_error, port_open
-from mmchaos.checks.base import Check, CheckContext, Finding, Verdict
+from mmchaos.chaos import experiment as _serving
+from mmchaos.chaos.experiment import BudgetExhausted, BudgetSpec, RequestLedger, is_typed_error, port_open
+from mmchaos.checks.base import Check, CheckContext
 from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes import HashEmbedTarget
 
@@ -257,7 +258,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
 
 
 def test_faults_flag_error_pages_that_are_not_openai_json() -> None:
-    from mmchaos.checks.serving import ServingFaults
+    from mmchaos.checks.serving.checks import ServingFaults
 
     gateway = {
         "type": "http_status",
@@ -286,7 +287,7 @@ def test_faults_flag_error_pages_that_are_not_openai_json() -> None:
 
 
 def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmchaos.checks.serving import ServingFaults
+    from mmchaos.checks.serving.checks import ServingFaults
 
     target = DegradingTarget()
     add = _serving.Deployment.add_toxic
@@ -324,7 +325,7 @@ def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(mon
 
 
 def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
-    from mmchaos.checks.serving import ServingPoison
+    from mmchaos.checks.serving.checks import ServingPoison
 
     good = run(
         ServingPoison,
@@ -348,7 +349,7 @@ def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
 
 
 def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> None:
-    from mmchaos.checks.serving import ServingOverload
+    from mmchaos.checks.serving.checks import ServingOverload
 
     params = {
         **FAST,
@@ -367,7 +368,7 @@ def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> Non
 
 
 def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries() -> None:
-    from mmchaos.checks.serving import ServingResilience
+    from mmchaos.checks.serving.checks import ServingResilience
 
     never = {"minimum_number_of_calls": 100_000, "sliding_window_size": 100_000}
     params = {**FAST, "failure_s": 0.6, "retry_calls": 8, "client_max_retries": 0, "server": {"breaker": never}}
@@ -381,7 +382,7 @@ def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_ret
 
 
 def test_serving_checks_run_against_an_openai_endpoint() -> None:
-    from mmchaos.checks.serving import ServingFaults, ServingResilience
+    from mmchaos.checks.serving.checks import ServingFaults, ServingResilience
     from mmchaos.server import ServerConfig, ServerThread
     from mmchaos.targets.openai_http import OpenAITarget
 

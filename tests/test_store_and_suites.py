@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from mmchaos.checks import REGISTRY as CHECKS
-from mmchaos.checks.base import Artifact, Finding, Step, Verdict
 from mmchaos.errors import ConfigError, StoreError, UnknownNameError
+from mmchaos.findings import Artifact, Finding, Step, Verdict
 from mmchaos.store import RunRecord, RunStore
 from mmchaos.suites import BUILTIN_SUITES, load_suite
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -17,7 +17,16 @@ from mmchaos.errors import ConfigError, UnknownNameError
 
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "closest"]
+
+
+def closest(name: str, known: Iterable[str], *, n: int = 3, prefix: str = "", cutoff: float = 0.6) -> str:
+    """The "; did you mean ...?" hint for an unknown ``name`` (empty when nothing is close).
+
+    The one spelling of that hint, for registries and for every other closed set of names.
+    """
+    close = difflib.get_close_matches(name, list(known), n=n, cutoff=cutoff)
+    return f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
 
 
 class Registry(Generic[T]):
@@ -67,8 +76,7 @@ class Registry(Generic[T]):
             return self._loaded[name]
         self._read_entry_points()
         if name not in self._specs:
-            close = difflib.get_close_matches(name, self._specs, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = closest(name, self._specs, cutoff=0.5)
             known = ", ".join(sorted(self._specs))
             raise UnknownNameError(f"unknown {self.kind} {name!r}{hint} (known: {known})")
         spec = self._specs[name]

@@ -11,25 +11,26 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mmchaos import __version__
-from mmchaos.checks.base import Check, CheckContext, Finding, NullProgress, ProgressSink, Severity, Step, Verdict
+from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import StoreError
+from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
 from mmchaos.targets import Target, TargetOptions, load_target
 from mmchaos.targets.base import Capability
+from mmchaos.targets.wrappers import DelegatingTarget
 
 __all__ = ["RunConfig", "RunResult", "TimedTarget", "default_data", "run_suite"]
 
 log = logging.getLogger(__name__)
 
-# The steps that have checks in this version; the others are reported as not available.
-AVAILABLE_STEPS = frozenset(Step) - {Step.ADVERSARIAL}
+R = TypeVar("R")
 
 
 @dataclass
@@ -77,65 +78,21 @@ class RunResult:
         return not any(f.verdict in (Verdict.FAIL, Verdict.ERROR) for f in self.findings)
 
 
-class TimedTarget(Target):
-    """Delegates to a target and adds up the time spent inside its calls (model time)."""
+class TimedTarget(DelegatingTarget):
+    """Adds up the time spent inside the target's model calls (model time)."""
 
     def __init__(self, inner: Target) -> None:
-        self.inner = inner
-        self.uri = inner.uri
-        self.capabilities = inner.capabilities
-        self.max_image_pixels = inner.max_image_pixels
-        self.load_options = inner.load_options
+        super().__init__(inner)
         self.seconds = 0.0
         self.calls = 0
 
-    def _timed(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+    def call(self, fn: Callable[..., R], *args: Any) -> R:
         start = time.perf_counter()
         try:
-            return fn(arg)
+            return fn(*args)
         finally:
             self.seconds += time.perf_counter() - start
             self.calls += 1
-
-    def embed_images(self, images: Sequence[Any]) -> Any:
-        return self._timed(self.inner.embed_images, images)
-
-    def embed_texts(self, texts: Sequence[str]) -> Any:
-        return self._timed(self.inner.embed_texts, texts)
-
-    def read_text(self, images: Sequence[Any]) -> Any:
-        return self._timed(self.inner.read_text, images)
-
-    def embed_encoded_images(self, blobs: Sequence[bytes]) -> Any:
-        return self._timed(self.inner.embed_encoded_images, blobs)
-
-    def read_encoded_images(self, blobs: Sequence[bytes]) -> Any:
-        return self._timed(self.inner.read_encoded_images, blobs)
-
-    def embed_encoded_texts(self, blobs: Sequence[bytes]) -> Any:
-        return self._timed(self.inner.embed_encoded_texts, blobs)
-
-    def decode_image(self, blob: bytes) -> Any:
-        return self.inner.decode_image(blob)
-
-    def decode_text(self, blob: bytes) -> str:
-        return self.inner.decode_text(blob)
-
-    def recorded_fingerprint(self) -> Any:
-        return self.inner.recorded_fingerprint()
-
-    def torch_module(self) -> Any:
-        return self.inner.torch_module()
-
-    def fingerprint(self) -> Any:
-        return self.inner.fingerprint()
-
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (load_options, max_image_pixels, preprocess_images, tokenize, ...)
-        # passes through untimed.
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def default_data(target: Target) -> str:
@@ -220,7 +177,7 @@ def run_suite(
 
 
 def _run_one(
-    check_id: str, check: Check, target: Target, dataset: Dataset, seed: int, progress: ProgressSink
+    check_id: str, check: AnyCheck, target: Target, dataset: Dataset, seed: int, progress: ProgressSink
 ) -> tuple[list[Finding], TimedTarget, float]:
     """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
     timed = TimedTarget(target)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmchaos.checks.base import Artifact, Finding
 from mmchaos.errors import StoreError
+from mmchaos.findings import Artifact, Finding
 
 __all__ = ["CheckRecord", "RunRecord", "RunStore"]
 

@@ -3,28 +3,29 @@
 
 from __future__ import annotations
 
-from mmchaos.checks.base import Check, CheckContext, Finding, Severity, Step, Verdict
+from mmchaos.checks.base import AnyCheck, Check, CheckContext
+from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.registry import Registry
 
 __all__ = ["REGISTRY", "Check", "CheckContext", "Finding", "Severity", "Step", "Verdict"]
 
-REGISTRY: Registry[type[Check]] = Registry("check", "mmchaos.checks")
+REGISTRY: Registry[type[AnyCheck]] = Registry("check", "mmchaos.checks")
 for _name, _spec in {
-    "robustness": "mmchaos.checks.robustness:Robustness",
-    "missing_modality": "mmchaos.checks.missing_modality:MissingModality",
-    "batch_invariance": "mmchaos.checks.batch_invariance:BatchInvariance",
-    "contract": "mmchaos.checks.contract:Contract",
-    "precision": "mmchaos.checks.precision:Precision",
-    "context_boundary": "mmchaos.checks.context_boundary:ContextBoundary",
-    "backend_differential": "mmchaos.checks.backend_differential:BackendDifferential",
-    "thread_safety": "mmchaos.checks.thread_safety:ThreadSafety",
-    "determinism": "mmchaos.checks.determinism:Determinism",
-    "fingerprint_match": "mmchaos.checks.fingerprint_match:FingerprintMatch",
-    "serving_faults": "mmchaos.checks.serving:ServingFaults",
-    "serving_poison": "mmchaos.checks.serving:ServingPoison",
-    "serving_overload": "mmchaos.checks.serving:ServingOverload",
-    "serving_resilience": "mmchaos.checks.serving:ServingResilience",
-    "drift_detection": "mmchaos.checks.observability:DriftDetection",
-    "metrics_exposure": "mmchaos.checks.observability:MetricsExposure",
+    "robustness": "mmchaos.checks.robustness.robustness:Robustness",
+    "missing_modality": "mmchaos.checks.robustness.missing_modality:MissingModality",
+    "batch_invariance": "mmchaos.checks.engine.batch_invariance:BatchInvariance",
+    "contract": "mmchaos.checks.contract.contract:Contract",
+    "precision": "mmchaos.checks.engine.precision:Precision",
+    "context_boundary": "mmchaos.checks.engine.context_boundary:ContextBoundary",
+    "backend_differential": "mmchaos.checks.engine.backend_differential:BackendDifferential",
+    "thread_safety": "mmchaos.checks.integration.thread_safety:ThreadSafety",
+    "determinism": "mmchaos.checks.integration.determinism:Determinism",
+    "fingerprint_match": "mmchaos.checks.integration.fingerprint_match:FingerprintMatch",
+    "serving_faults": "mmchaos.checks.serving.checks:ServingFaults",
+    "serving_poison": "mmchaos.checks.serving.checks:ServingPoison",
+    "serving_overload": "mmchaos.checks.serving.checks:ServingOverload",
+    "serving_resilience": "mmchaos.checks.serving.checks:ServingResilience",
+    "drift_detection": "mmchaos.checks.observability.checks:DriftDetection",
+    "metrics_exposure": "mmchaos.checks.observability.checks:MetricsExposure",
 }.items():
     REGISTRY.register(_name, _spec)

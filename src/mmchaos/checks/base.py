@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from mmchaos.findings import Finding, Step, Verdict
 from mmchaos.targets.base import Capability, Target
 
 if TYPE_CHECKING:
@@ -24,105 +24,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANY_MODALITY",
-    "Artifact",
+    "AnyCheck",
     "Check",
     "CheckContext",
     "CheckGate",
     "CheckParams",
-    "Finding",
     "Gate",
     "NullProgress",
     "Params",
     "ProgressSink",
-    "Severity",
-    "Step",
-    "Verdict",
 ]
-
-
-class Step(IntEnum):
-    CONTRACT = 1
-    ROBUSTNESS = 2
-    ADVERSARIAL = 3
-    ENGINE = 4
-    INTEGRATION = 5
-    SERVING = 6
-    OBSERVABILITY = 7
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-class Verdict(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    ERROR = "error"
-    SKIPPED = "skipped"
-
-
-class Severity(StrEnum):
-    INFO = "info"
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
-    CRITICAL = "critical"
-
-
-@dataclass
-class Artifact:
-    """A file of evidence (repro input, clean/perturbed pair), stored with the run."""
-
-    name: str
-    data: bytes
-    media_type: str = "image/png"
-
-
-@dataclass
-class Finding:
-    """One result of one check: a verdict held against a gate, with metrics and evidence."""
-
-    check: str
-    step: Step
-    verdict: Verdict
-    title: str
-    severity: Severity = Severity.INFO
-    metrics: dict[str, float] = field(default_factory=dict)
-    gate: str = ""
-    message: str = ""
-    suggestion: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    artifacts: list[Artifact] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "step": int(self.step),
-            "step_name": self.step.label,
-            "verdict": self.verdict.value,
-            "title": self.title,
-            "severity": self.severity.value,
-            "metrics": {k: float(v) for k, v in self.metrics.items()},
-            "gate": self.gate,
-            "message": self.message,
-            "suggestion": self.suggestion,
-            "evidence": self.evidence,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Finding:
-        return cls(
-            check=data["check"],
-            step=Step(data["step"]),
-            verdict=Verdict(data["verdict"]),
-            title=data["title"],
-            severity=Severity(data["severity"]),
-            metrics=dict(data.get("metrics", {})),
-            gate=data.get("gate", ""),
-            message=data.get("message", ""),
-            suggestion=data.get("suggestion", ""),
-            evidence=dict(data.get("evidence", {})),
-        )
 
 
 class CheckParams(BaseModel):
@@ -197,19 +108,27 @@ ANY_MODALITY: tuple[frozenset[Capability], ...] = (
 """``requires`` of checks that work on whatever single modality the target handles."""
 
 
-class Check:
-    """Base class: subclasses set the class attributes and implement :meth:`run`."""
+P = TypeVar("P", bound=BaseModel)
+G = TypeVar("G", bound=BaseModel)
+
+
+class Check(Generic[P, G]):
+    """Base class: subclasses set the class attributes and implement :meth:`run`.
+
+    Generic over its parameter and gate models, so ``self.params`` and ``self.gate`` have the
+    subclass's types: ``class Robustness(Check[RobustnessParams, RobustnessGate])``.
+    """
 
     name: ClassVar[str] = ""
     step: ClassVar[Step]
     requires: ClassVar[tuple[frozenset[Capability], ...]] = ()
     """Alternatives: the check runs when the target has every capability of at least one set."""
-    Params: ClassVar[type[CheckParams]] = CheckParams
-    Gate: ClassVar[type[CheckGate]] = CheckGate
+    Params: ClassVar[type[BaseModel]] = CheckParams
+    Gate: ClassVar[type[BaseModel]] = CheckGate
 
-    def __init__(self, params: CheckParams | None = None, gate: CheckGate | None = None) -> None:
-        self.params = params if params is not None else self.Params()
-        self.gate = gate if gate is not None else self.Gate()
+    def __init__(self, params: P | None = None, gate: G | None = None) -> None:
+        self.params: P = params if params is not None else cast(P, self.Params())
+        self.gate: G = gate if gate is not None else cast(G, self.Gate())
 
     def missing_capabilities(self, target: Target) -> str | None:
         """Why this check cannot run on ``target``, or None when it can."""
@@ -226,4 +145,7 @@ class Check:
         return Finding(check=ctx.check_id, step=self.step, verdict=verdict, title=title, **kw)
 
 
-CheckFactory = Callable[[dict[str, Any], dict[str, Any]], Check]
+AnyCheck = Check[Any, Any]
+"""A check of any parameter and gate types (what registries and suites hold)."""
+
+CheckFactory = Callable[[dict[str, Any], dict[str, Any]], AnyCheck]

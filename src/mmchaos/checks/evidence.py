@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from mmchaos.checks.base import Artifact
+from mmchaos.findings import Artifact
 
 __all__ = ["image_artifact", "png_bytes"]
 

@@ -29,7 +29,13 @@ _state: dict[str, bool] = {"debug": False}
 
 DEFAULT_STORE = Path(".mmchaos/runs.db")
 DEFAULT_OUT = Path("mmchaos-report")
-_VERDICT_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "skipped": "yellow"}
+_VERDICT_STYLE = {
+    "pass": "green",
+    "warn": "bold yellow",
+    "fail": "bold red",
+    "error": "bold magenta",
+    "skipped": "yellow",
+}
 
 
 @app.callback()
@@ -64,6 +70,7 @@ def validate(
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
     ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
     from mmchaos.cli.progress import RichProgress
@@ -96,14 +103,14 @@ def validate(
 
             err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
             result = run_suite(config, store, resume=resume, progress=progress, on_check=on_check)
-        results = write_reports(store, result.run_id, out_dir)
+        results = write_reports(store, result.run_id, out_dir, strict=strict)
     _print_summary(results, out_dir, store_path)
     raise typer.Exit(results["summary"]["exit_code"])
 
 
 def _counts(verdicts: list[str]) -> str:
     parts = []
-    for v in ("pass", "fail", "error", "skipped"):
+    for v in ("pass", "warn", "fail", "error", "skipped"):
         n = verdicts.count(v)
         if n:
             parts.append(f"[{_VERDICT_STYLE[v]}]{n} {v}[/]")
@@ -117,7 +124,7 @@ def _print_summary(results: dict[str, Any], out_dir: Path, store_path: Path) -> 
     table.add_column("check", no_wrap=True)
     table.add_column("findings", no_wrap=True)
     table.add_column("worst", overflow="fold")
-    rank = {"error": 0, "fail": 1, "pass": 2, "skipped": 3}
+    rank = {"error": 0, "fail": 1, "warn": 2, "pass": 3, "skipped": 4}
     by_check: dict[str, list[dict[str, Any]]] = {}
     for f in results["findings"]:
         by_check.setdefault(f["check"], []).append(f)
@@ -130,7 +137,7 @@ def _print_summary(results: dict[str, Any], out_dir: Path, store_path: Path) -> 
         if step["status"] == "not available in this version":
             table.add_row(f"{step['step']} {step['name']}", "-", "[dim]n/a[/]", "[dim]not available in this version[/]")
     out.print(table)
-    failures = [f for f in results["findings"] if f["verdict"] in ("fail", "error")]
+    failures = [f for f in results["findings"] if f["verdict"] in ("fail", "error", "warn")]
     for f in failures:
         style = _VERDICT_STYLE[f["verdict"]]
         out.print(f"[{style}]{f['verdict'].upper()}[/] {f['check']}: {f['title']}", highlight=False)
@@ -138,8 +145,7 @@ def _print_summary(results: dict[str, Any], out_dir: Path, store_path: Path) -> 
     verdicts = ", ".join(f"{n} {v}" for v, n in s["verdicts"].items() if n)
     banner = "[bold green]ALL GATES PASS[/]" if s["exit_code"] == 0 else "[bold red]GATES FAILED[/]"
     out.print(
-        f"{banner}  {verdicts}  run {results['run_id']}  "
-        f"({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)",
+        f"{banner}  {verdicts}  run {results['run_id']}  ({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)",
         highlight=False,
     )
     out.print(f"report: {out_dir / 'report.html'}", highlight=False, soft_wrap=True)
@@ -172,6 +178,7 @@ def report(
     run: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
     out_dir: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
     store_path: StoreOpt = DEFAULT_STORE,
+    strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
 ) -> None:
     """Re-render the reports of a stored run; the exit code is the run's gate result."""
     from mmchaos.report import write_reports
@@ -180,7 +187,7 @@ def report(
     if not store_path.exists():
         raise UsageError(f"no run store at {store_path}")
     with RunStore(store_path) as store:
-        results = write_reports(store, store.resolve(run), out_dir)
+        results = write_reports(store, store.resolve(run), out_dir, strict=strict)
     _print_summary(results, out_dir, store_path)
     raise typer.Exit(results["summary"]["exit_code"])
 

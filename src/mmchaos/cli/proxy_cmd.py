@@ -20,7 +20,7 @@ import typer
 from mmchaos.errors import ConfigError
 
 if TYPE_CHECKING:
-    from mmchaos.serving.config import ProxyConfig, Toxic
+    from mmchaos.proxy.config import ProxyConfig, Toxic
 
 __all__ = ["parse_toxic_spec", "register"]
 
@@ -43,7 +43,7 @@ def _scalar(text: str) -> Any:
 
 def parse_toxic_spec(spec: str) -> Toxic:
     """``latency:latency=200,jitter=50,stream=upstream,toxicity=0.5`` to a validated toxic."""
-    from mmchaos.serving.config import parse_toxic
+    from mmchaos.proxy.config import parse_toxic
 
     kind, _, rest = spec.partition(":")
     data: dict[str, Any] = {"type": kind.strip()}
@@ -63,7 +63,7 @@ def parse_toxic_spec(spec: str) -> Toxic:
 
 
 def _build(upstream: str, listen: str, specs: list[str], toxics_file: Path | None, name: str, seed: int) -> ProxyConfig:
-    from mmchaos.serving.config import ProxyConfig, load_toxics_file
+    from mmchaos.proxy.config import ProxyConfig, load_toxics_file
 
     toxics = [parse_toxic_spec(s) for s in specs]
     if toxics_file is not None:
@@ -79,8 +79,8 @@ def _build(upstream: str, listen: str, specs: list[str], toxics_file: Path | Non
 
 
 async def _serve(config: ProxyConfig, control: str | None) -> None:
-    from mmchaos.serving.control import ControlServer
-    from mmchaos.serving.proxy import FaultProxy
+    from mmchaos.proxy.control import ControlServer
+    from mmchaos.proxy.proxy import FaultProxy
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a fault-injecting TCP/HTTP proxy (toxiproxy-compatible toxics) until Ctrl-C."""
         if control is not None:
-            from mmchaos.serving.config import parse_hostport
+            from mmchaos.proxy.config import parse_hostport
 
             parse_hostport(control, what="--control")
         _run(_build(upstream, listen, toxic or [], toxics_file, name, seed), control, loop)

@@ -4,7 +4,7 @@ the weights were validated with (the 004 write-up's grey-release mismatch), with
 Two checks, for two situations:
 
 - :func:`check_compatible` compares the component hashes of what is deployed with what was
-  validated (a recorded :class:`~mmchaos.targets.base.Fingerprint`, a dict from a report, or a
+  validated (a recorded :class:`~mmchaos.guard.artefacts.Fingerprint`, a dict from a report, or a
   model directory) and names every component that differs.
 - :func:`check_consistency` reads the JSON files of a model directory (and, optionally, a
   tokenizer or processor taken from somewhere else) and compares their semantic fields with
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos.errors import MMChaosError
-from mmchaos.targets.base import PROCESSOR_FILES, Fingerprint, component_hashes, hash_files
+from mmchaos.guard.artefacts import PROCESSOR_FILES, Fingerprint, component_hashes, hash_files
 
 __all__ = [
     "COMPONENTS",

@@ -27,7 +27,7 @@ from mmchaos.perturb.base import (
     TargetAwarePerturbation,
     TextPerturbation,
 )
-from mmchaos.registry import Registry
+from mmchaos.registry import Registry, closest
 
 __all__ = [
     "GROUPS",
@@ -149,8 +149,6 @@ def select(
     neither names nor groups, the whole catalog. Unknown names and groups raise
     :class:`~mmchaos.errors.UnknownNameError` naming the closest known ones.
     """
-    import difflib
-
     everything = _catalog_order()
     chosen: set[str] = set()
     if names_ is None and groups_ is None:
@@ -161,8 +159,7 @@ def select(
     known_groups = groups()
     for group in groups_ or ():
         if group not in known_groups:
-            close = difflib.get_close_matches(group, known_groups, n=2)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = closest(group, known_groups, n=2)
             raise UnknownNameError(f"unknown perturbation group {group!r}{hint} (known: {', '.join(known_groups)})")
         chosen.update(names(group=group))
     for name in exclude:

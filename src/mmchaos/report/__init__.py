@@ -13,11 +13,11 @@ from mmchaos.store import RunStore
 __all__ = ["build_results", "exit_code_for", "render_junit", "write_reports"]
 
 
-def write_reports(store: RunStore, run_id: str, out: Path) -> dict[str, Any]:
+def write_reports(store: RunStore, run_id: str, out: Path, *, strict: bool = False) -> dict[str, Any]:
     """Write every report file of ``run_id`` into ``out`` and return the results document."""
     from mmchaos.report.html import render_html
 
-    results = build_results(store, run_id)
+    results = build_results(store, run_id, strict=strict)
     out.mkdir(parents=True, exist_ok=True)
     evidence = out / "evidence"
     evidence.mkdir(exist_ok=True)
@@ -25,7 +25,7 @@ def write_reports(store: RunStore, run_id: str, out: Path) -> dict[str, Any]:
     for artifact in artifacts.values():
         (evidence / artifact.name).write_bytes(artifact.data)
     for i, finding in enumerate(results["findings"]):
-        if finding["verdict"] in ("fail", "error"):
+        if finding["verdict"] in ("fail", "error", "warn"):
             repro = {"run_id": run_id, "seed": results["seed"], "target": results["target"]["uri"], **finding}
             (evidence / f"{i:03d}-{finding['check']}.json").write_text(json.dumps(repro, indent=2), "utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2), "utf-8")

@@ -42,7 +42,7 @@ th,td{padding:4px 8px;border-bottom:1px solid #eaeef2;text-align:left;vertical-a
 th{background:#f6f8fa}td.num,td.heat{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;padding:0 7px;border-radius:10px;font-size:12px;font-weight:600}
 .badge{background:#eaeef2;color:#59636e;white-space:nowrap}.badge.pass{background:#dafbe1;color:#1a7f37}
-.badge.fail{background:#ffebe9;color:#cf222e}.badge.error{background:#fff1e5;color:#bc4c00}
+.badge.fail{background:#ffebe9;color:#cf222e}.badge.warn{background:#fff8c5;color:#9a6700}.badge.error{background:#fff1e5;color:#bc4c00}
 .badge.na{background:#f6f8fa;color:#8c959f;font-weight:400;font-style:italic}
 .sev{font-size:12px;font-weight:600}.sev-critical,.sev-high{color:#cf222e}.sev-medium{color:#bc4c00}
 .sev-low{color:#9a6700}.sev-info{color:#8c959f}.charts{display:flex;flex-wrap:wrap;gap:16px}
@@ -109,7 +109,7 @@ def _dataset(ds: Json) -> str:
 def _banner(summary: Json) -> str:
     ok = bool(summary.get("gates_passed"))
     v = summary.get("verdicts") or {}
-    counts = " · ".join(f"{_e(v.get(k, 0))} {k}" for k in ("pass", "fail", "error", "skipped"))
+    counts = " · ".join(f"{_e(v.get(k, 0))} {k}" for k in ("pass", "warn", "fail", "error", "skipped"))
     wall, model = float(summary.get("wall_seconds") or 0), float(summary.get("model_seconds") or 0)
     share = min(1.0, model / wall) if wall > 0 else 0.0
     incomplete = summary.get("incomplete_checks") or []
@@ -274,10 +274,7 @@ def _degradation(findings: list[Json]) -> str:
     for f in curves:
         groups.setdefault(_group_key(f), []).append(f)
     charts = "".join(_chart(k, g) for k, g in groups.items())
-    return (
-        f'<section><h2>Degradation curves</h2><div class="charts">{charts}</div>'
-        f"{_relative_table(curves)}</section>"
-    )
+    return f'<section><h2>Degradation curves</h2><div class="charts">{charts}</div>{_relative_table(curves)}</section>'
 
 
 def _case(case: Json, artifacts: Mapping[str, bytes]) -> str:
@@ -288,15 +285,12 @@ def _case(case: Json, artifacts: Mapping[str, bytes]) -> str:
             (case.get("clean_artifact"), f"clean · {_num(case.get('clean_score'))}"),
             (case.get("perturbed_artifact"), f"s{sev} · {_num(case.get('perturbed_score'))}"),
         ]
-        imgs = "".join(
-            f"<figure>{_img(n, artifacts, c)}<figcaption>{_e(c)}</figcaption></figure>"
-            for n, c in figs
-        )
+        imgs = "".join(f"<figure>{_img(n, artifacts, c)}<figcaption>{_e(c)}</figcaption></figure>" for n, c in figs)
         parts.append(f'<div class="pair">{imgs}</div>')
     if "clean_text" in case or "perturbed_text" in case:
         parts.append(
             f'<div class="texts"><b>clean</b><pre>{_e(case.get("clean_text"))}</pre>'
-            f'<b>perturbed s{_e(sev)}</b><pre>{_e(case.get("perturbed_text"))}</pre></div>'
+            f"<b>perturbed s{_e(sev)}</b><pre>{_e(case.get('perturbed_text'))}</pre></div>"
         )
     rows = [("sample", f"{_e(case.get('sample'))} (#{_e(case.get('index'))})"),
             ("truth", _e(case.get("truth")))]  # fmt: skip

@@ -10,6 +10,7 @@ __all__ = ["render_junit"]
 
 def render_junit(results: dict[str, Any]) -> str:
     root = ET.Element("testsuites", name=f"mmchaos {results['suite']['name']}", run_id=results["run_id"])
+    strict = bool(results["summary"].get("strict"))
     by_step: dict[str, list[dict[str, Any]]] = {}
     for finding in results["findings"]:
         by_step.setdefault(f"{finding['step']}-{finding['step_name']}", []).append(finding)
@@ -19,7 +20,7 @@ def render_junit(results: dict[str, Any]) -> str:
             "testsuite",
             name=step_name,
             tests=str(len(findings)),
-            failures=str(sum(f["verdict"] == "fail" for f in findings)),
+            failures=str(sum(f["verdict"] == "fail" or (f["verdict"] == "warn" and strict) for f in findings)),
             errors=str(sum(f["verdict"] == "error" for f in findings)),
             skipped=str(sum(f["verdict"] == "skipped" for f in findings)),
         )
@@ -33,6 +34,10 @@ def render_junit(results: dict[str, Any]) -> str:
                 ET.SubElement(case, "failure", message=f["title"], type=f["severity"]).text = body
             elif f["verdict"] == "error":
                 ET.SubElement(case, "error", message=f["title"], type=f["severity"]).text = body
+            elif f["verdict"] == "warn" and results["summary"].get("strict"):
+                ET.SubElement(case, "failure", message=f"warning (strict): {f['title']}", type="warning").text = body
+            elif f["verdict"] == "warn":
+                ET.SubElement(case, "system-out").text = f"WARNING: {f['title']}\n{body}"
             elif f["verdict"] == "skipped":
                 ET.SubElement(case, "skipped", message=f["message"] or f["title"])
             else:

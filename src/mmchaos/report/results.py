@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from mmchaos.checks.base import Finding, Step, Verdict
+from mmchaos.findings import AVAILABLE_STEPS, Finding, Step, Verdict
 from mmchaos.store import RunStore
 
 __all__ = ["SCHEMA_VERSION", "build_results", "exit_code_for"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NOT_AVAILABLE = "not available in this version"
 
 
@@ -18,14 +18,13 @@ def _iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds") if ts else None
 
 
-def exit_code_for(findings: list[Finding]) -> int:
-    """0 when every gate passes, 1 when any finding failed or errored."""
-    return 1 if any(f.verdict in (Verdict.FAIL, Verdict.ERROR) for f in findings) else 0
+def exit_code_for(findings: list[Finding], *, strict: bool = False) -> int:
+    """0 when every gate passes, 1 when any finding failed or errored (or warned, under ``strict``)."""
+    gating = (Verdict.FAIL, Verdict.ERROR, Verdict.WARN) if strict else (Verdict.FAIL, Verdict.ERROR)
+    return 1 if any(f.verdict in gating for f in findings) else 0
 
 
-def build_results(store: RunStore, run_id: str) -> dict[str, Any]:
-    from mmchaos.runner import AVAILABLE_STEPS
-
+def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict[str, Any]:
     run = store.get_run(run_id)
     findings = store.findings(run_id)
     checks = store.checks(run_id)
@@ -37,13 +36,18 @@ def build_results(store: RunStore, run_id: str) -> dict[str, Any]:
         mine = [f for f in findings if f.step == step]
         counts = {v.value: sum(f.verdict == v for f in mine) for v in Verdict}
         if mine:
-            status = "fail" if counts["fail"] or counts["error"] else "pass" if counts["pass"] else "skipped"
+            if counts["fail"] or counts["error"]:
+                status = "fail"
+            elif counts["warn"]:
+                status = "warn"
+            else:
+                status = "pass" if counts["pass"] else "skipped"
         elif step not in AVAILABLE_STEPS:
             status = NOT_AVAILABLE
         else:
             status = "not in this suite"
         steps.append({"step": int(step), "name": step.label, "status": status, "verdicts": counts})
-    code = exit_code_for(findings)
+    code = exit_code_for(findings, strict=strict)
     incomplete = [c.check_id for c in checks if c.status != "done"]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -61,6 +65,7 @@ def build_results(store: RunStore, run_id: str) -> dict[str, Any]:
             "verdicts": verdicts,
             "gates_passed": code == 0 and not incomplete,
             "exit_code": code,
+            "strict": strict,
             "incomplete_checks": incomplete,
             "wall_seconds": sum(c.wall_seconds for c in checks),
             "model_seconds": sum(c.model_seconds for c in checks),

@@ -50,7 +50,7 @@ from mmchaos.guard.drift import DriftMonitor
 from mmchaos.guard.preflight import Preflight, PreflightError, estimate_tokens
 from mmchaos.guard.slo import BurnRateSLO
 from mmchaos.server.config import ServerConfig
-from mmchaos.server.schemas import (
+from mmchaos.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mmchaos.checks import REGISTRY as CHECKS
-from mmchaos.checks.base import Check
+from mmchaos.checks.base import AnyCheck
 from mmchaos.errors import ConfigError, UnknownNameError
 
 __all__ = ["BUILTIN_SUITES", "CheckSpec", "SuiteSpec", "build_checks", "format_validation_error", "load_suite"]
@@ -90,7 +90,7 @@ def load_suite(name_or_path: str) -> SuiteSpec:
     return spec
 
 
-def build_checks(spec: SuiteSpec) -> list[tuple[str, Check]]:
+def build_checks(spec: SuiteSpec) -> list[tuple[str, AnyCheck]]:
     """Instantiate the suite's checks, validating their params and gates."""
     out = []
     for item in spec.checks:

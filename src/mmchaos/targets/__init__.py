@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mmchaos.errors import MMChaosError, TargetLoadError, UnknownNameError
-from mmchaos.registry import Registry
+from mmchaos.registry import Registry, closest
 from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.wrappers import DelegatingTarget
 
 __all__ = ["SCHEMES", "Capability", "Fingerprint", "Target", "TargetOptions", "load_target"]
 
@@ -40,10 +41,7 @@ def _builtin(rest: str, **options: Any) -> Target:
     from mmchaos.targets.builtin import BUILTIN_TARGETS, load_builtin
 
     if rest not in BUILTIN_TARGETS:
-        import difflib
-
-        close = difflib.get_close_matches(rest, BUILTIN_TARGETS, n=2)
-        hint = f"; did you mean {', '.join('builtin:' + c for c in close)}?" if close else ""
+        hint = closest(rest, BUILTIN_TARGETS, n=2, prefix="builtin:")
         raise UnknownNameError(f"unknown built-in target {rest!r}{hint} (known: {', '.join(BUILTIN_TARGETS)})")
     return load_builtin(rest, device=options.get("device", "cpu"))
 
@@ -83,39 +81,15 @@ SCHEMES.register("onnx", "mmchaos.targets.onnx:load_onnx")
 SCHEMES.register("openai", "mmchaos.targets.openai_http:load_openai")
 
 
-class _ForeignTarget(Target):
+class _ForeignTarget(DelegatingTarget):
     """Adapts a duck-typed object (capabilities + fingerprint + methods) to the Target base."""
 
     def __init__(self, inner: Any, uri: str, capabilities: frozenset[Capability]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.uri = uri
         self.capabilities = capabilities
-
-    def fingerprint(self) -> Fingerprint:
-        fp = self.inner.fingerprint()
-        return fp if isinstance(fp, Fingerprint) else Fingerprint(**dict(fp))
-
-    def embed_images(self, images: Any) -> Any:
-        return self.inner.embed_images(images)
-
-    def embed_texts(self, texts: Any) -> Any:
-        return self.inner.embed_texts(texts)
-
-    def read_text(self, images: Any) -> Any:
-        return self.inner.read_text(images)
-
-    def torch_module(self) -> Any:
-        return self.inner.torch_module()
-
-    def __getattr__(self, name: str) -> Any:
-        # Optional extras of the user's object (decode_image, preprocess_images, ...).
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def decode_image(self, blob: bytes) -> Any:
-        fn = getattr(self.inner, "decode_image", None)
-        return fn(blob) if fn is not None else super().decode_image(blob)
+        self.max_image_pixels = Target.max_image_pixels
+        self.load_options = Target.load_options
 
     def close(self) -> None:
         if hasattr(self.inner, "close"):

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.checks.declared_size import SizeLimits, check_declared_size
 from mmchaos.errors import TargetCallError
+from mmchaos.guard.limits import SizeLimits, check_declared_size
 
 __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "check_image_array", "decode_image_bytes", "decode_text_bytes", "pil_to_rgb"]
 

@@ -32,6 +32,7 @@ from mmchaos.targets.base import (
     Target,
     component_hashes,
 )
+from mmchaos.targets.onnx import IMAGE_FILE, MANIFEST, TEXT_FILE, OnnxTarget
 
 __all__ = [
     "IMAGE_FILE",
@@ -45,9 +46,6 @@ __all__ = [
     "towers",
 ]
 
-MANIFEST = "mmchaos_export.json"
-IMAGE_FILE = "image_encoder.onnx"
-TEXT_FILE = "text_encoder.onnx"
 RECORD_FILES = ("training.json",)  # what the weights were validated at (the fingerprint check reads it)
 
 
@@ -177,7 +175,6 @@ def _versions() -> dict[str, str]:
 
 def _differences(target: Target, directory: Path) -> dict[str, float]:
     """Max |torch - ONNX Runtime| on the export's own sample inputs, end to end."""
-    from mmchaos.targets.onnx import OnnxTarget
 
     exported = OnnxTarget(str(directory))
     out: dict[str, float] = {}

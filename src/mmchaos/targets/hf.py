@@ -20,6 +20,7 @@ from mmchaos.targets.decode import check_image_array
 
 __all__ = ["HFContrastiveTarget"]
 
+
 def _versions(*packages: str) -> dict[str, str]:
     out = {}
     for name in packages:

@@ -24,11 +24,15 @@ from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
-from mmchaos.targets.export import IMAGE_FILE, MANIFEST, TEXT_FILE
 
-__all__ = ["OnnxTarget", "load_onnx"]
+__all__ = ["IMAGE_FILE", "MANIFEST", "TEXT_FILE", "OnnxTarget", "load_onnx"]
 
 log = logging.getLogger(__name__)
+
+# The files of an exported directory (written by :mod:`mmchaos.targets.export`).
+MANIFEST = "mmchaos_export.json"
+IMAGE_FILE = "image_encoder.onnx"
+TEXT_FILE = "text_encoder.onnx"
 
 
 class OnnxTarget(Target):

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 
 __all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
@@ -124,17 +125,16 @@ def check_endpoint(
         return url, None
     host = parts.hostname
     try:
-        infos = resolver(host, port, type=socket.SOCK_STREAM)
+        addresses = resolve(host, port, resolver)
     except OSError as exc:
         raise TargetLoadError(f"cannot resolve {host!r}: {exc}") from exc
-    addresses = sorted({str(info[4][0]).split("%")[0] for info in infos})
-    remote = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
+    remote = non_loopback(addresses)
     if not addresses or remote:
         what = host if addresses == [host] else f"{host} resolves to {', '.join(remote or ['nothing'])}, which is"
         raise TargetLoadError(
             f"{what} not a loopback address; mmchaos sends requests only to this machine unless you pass "
             "--allow-remote (allow_remote=True)",
-            code="remote_not_allowed",
+            code=REMOTE_REFUSED,
         )
     try:
         ipaddress.ip_address(host)

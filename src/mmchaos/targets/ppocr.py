@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from mmchaos._lazy import require
-from mmchaos.checks.declared_size import SizeLimits, check_declared_size
 from mmchaos.errors import TargetCallError
+from mmchaos.guard.limits import SizeLimits, check_declared_size
 from mmchaos.targets.base import (
     Capability,
     Fingerprint,

@@ -1,0 +1,1 @@
+"""Step 1, contract: hostile and malformed inputs must get a clear rejection or correct handling."""

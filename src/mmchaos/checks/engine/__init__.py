@@ -1,0 +1,1 @@
+"""Step 4, engine: batch and padding invariance, precision drift, context limits, backend differentials."""

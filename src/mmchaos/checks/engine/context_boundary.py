@@ -1,0 +1,365 @@
+"""Step 4: texts at the context limit: max-1, max, max+1 and 2x max tokens.
+
+For each length, two texts that differ only in their last word are embedded alone. Within the
+limit the last word must change the output; past it the target may reject the text (a typed
+error), warn and truncate, or truncate silently -- the output stops changing and nothing says
+so, which the gate refuses by default. A target whose output stops changing *before* its limit
+truncates early. After truncation the pooled position must still be the end-of-text token: the
+embedding of an over-long text must equal that of its own truncation, and, when the target shows
+its token ids, the last kept token must be EOS.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.errors import MMChaosError
+from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.wrappers import unwrap
+
+__all__ = ["ContextBoundary", "limit_of"]
+
+_FALLBACK_WORDS = ("a photo of the red circle on blue square at top left with green cross " * 2).split()[:15]
+
+
+def limit_of(target: Target) -> int | None:
+    """The target's text context limit in tokens (specials included), if it says."""
+    limit = getattr(target, "max_text_tokens", None)
+    if isinstance(limit, int) and limit > 2:
+        return limit
+    tok = getattr(target, "tokenizer", None)
+    limit = getattr(tok, "model_max_length", None)
+    if isinstance(limit, int) and 2 < limit < 1_000_000:
+        return limit
+    return None
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(f"{record.name}: {record.getMessage()}"[:300])
+
+
+@dataclass
+class _Call:
+    output: Any = None
+    error: str = ""
+    typed: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _call(target: Target, text: str) -> _Call:
+    handler = _Capture()
+    loggers = [logging.getLogger(), logging.getLogger("transformers")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    out = _Call()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out.output = np.asarray(target.embed_texts([text]), dtype=np.float64)[0]
+            except Exception as exc:
+                out.error = f"{type(exc).__name__}: {exc}"[:500]
+                out.typed = isinstance(exc, MMChaosError)
+        out.warnings = [str(w.message)[:300] for w in caught] + handler.records
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    return out
+
+
+def _distance(a: Any, b: Any) -> float:
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    denom = float(np.linalg.norm(x) * np.linalg.norm(y))
+    if denom == 0 or not np.isfinite(denom):
+        return 0.0 if np.array_equal(x, y) else 1.0
+    return float(1.0 - x @ y / denom)
+
+
+class _Texts:
+    """Texts of an exact token count, each a prefix of one long word sequence."""
+
+    def __init__(self, target: Target, words: list[str]) -> None:
+        self.tok = getattr(target, "tokenizer", None)
+        self.exact = self.tok is not None and callable(self.tok)
+        if self.exact:
+            try:
+                self._content_tokens("a")
+            except TypeError:  # not a transformers tokenizer: count words instead
+                self.exact = False
+        singles = [w for w in dict.fromkeys(words) if self._content_tokens(w) == 1]
+        if len(singles) < 2:
+            singles = [w for w in "abcdefghijklmnop" if self._content_tokens(w) == 1]
+        if len(singles) < 2:
+            raise ValueError("no two single-token words to build texts from")
+        self.words = singles
+        self.specials = self.count("") if self.exact else 2
+
+    def _content_tokens(self, text: str) -> int:
+        if not self.exact:
+            return len(text.split())
+        assert self.tok is not None
+        return len(self.tok(text, add_special_tokens=False, truncation=False, verbose=False)["input_ids"])
+
+    def count(self, text: str) -> int:
+        if not self.exact:
+            return len(text.split()) + 2
+        assert self.tok is not None
+        return len(self.tok(text, truncation=False, verbose=False)["input_ids"])
+
+    def text(self, n_tokens: int) -> str:
+        k = max(1, n_tokens - self.specials)
+        return " ".join(self.words[i % len(self.words)] for i in range(k))
+
+    def variant(self, text: str) -> str:
+        """The same text with another last word (same token count)."""
+        head, _, last = text.rpartition(" ")
+        other = next(w for w in self.words if w != last)
+        return f"{head} {other}".strip()
+
+
+class ContextBoundaryParams(Params):
+    max_tokens: int | None = Field(default=None, ge=3, description="override the limit the target declares")
+
+
+class ContextBoundaryGate(Gate):
+    allow_silent_truncation: bool = Field(
+        default=False, description="pass texts past the limit that are truncated without an error or a warning"
+    )
+    min_change: float = Field(default=1e-7, gt=0.0, description="1 - cosine above which two outputs differ")
+
+
+class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
+    """Texts of max-1, max, max+1, 2x max tokens: silent or early truncation, EOS pooling after it."""
+
+    name = "context_boundary"
+    step = Step.ENGINE
+    requires = (frozenset({Capability.EMBED_TEXT}),)
+    Params = ContextBoundaryParams
+    Gate = ContextBoundaryGate
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        g = self.gate
+        inner = unwrap(ctx.target)
+        limit = p.max_tokens or limit_of(inner)
+        if limit is None:
+            yield self.finding(
+                ctx, Verdict.SKIPPED, "the target declares no text context limit", suggestion="set params.max_tokens"
+            )
+            return
+        words = [w for s in ctx.dataset.head(64) for w in (s.caption or s.text or "").split()] + _FALLBACK_WORDS
+        texts = _Texts(inner, words)
+        rows: dict[int, dict[str, Any]] = {}
+        for n in (limit - 1, limit, limit + 1, 2 * limit):
+            a = texts.text(n)
+            b = texts.variant(a)
+            ca, cb = _call(ctx.target, a), _call(ctx.target, b)
+            row: dict[str, Any] = {"tokens": texts.count(a), "text": a, "variant_last_word": b.rsplit(" ", 1)[-1]}
+            if ca.error or cb.error:
+                row.update(outcome="error", error=ca.error or cb.error, typed=ca.typed if ca.error else cb.typed)
+            else:
+                d = _distance(ca.output, cb.output)
+                row.update(outcome="changes" if d > g.min_change else "ignored", distance=d)
+            row["warnings"] = ca.warnings + cb.warnings
+            rows[n] = row
+        evidence: dict[str, Any] = {
+            "limit": limit,
+            "exact_token_counts": texts.exact,
+            "lengths": {str(n): {k: v for k, v in r.items() if k != "text"} for n, r in rows.items()},
+            "seed": ctx.seed,
+        }
+        artifacts = [
+            Artifact(f"{ctx.check_id}-texts.txt", "\n".join(r["text"] for r in rows.values()).encode(), "text/plain")
+        ]
+        evidence["input_artifact"] = artifacts[0].name
+        yield self._within(ctx, limit, rows, texts, g, evidence, artifacts)
+        yield self._beyond(ctx, limit, rows, g, evidence)
+        eos = self._eos(ctx, inner, limit, rows, texts, g)
+        if eos is not None:
+            yield eos
+
+    def _within(
+        self,
+        ctx: CheckContext,
+        limit: int,
+        rows: dict[int, dict[str, Any]],
+        texts: _Texts,
+        g: ContextBoundaryGate,
+        evidence: dict[str, Any],
+        artifacts: list[Artifact],
+    ) -> Finding:
+        bad = [n for n in (limit - 1, limit) if rows[n]["outcome"] != "changes"]
+        if not bad:
+            return self.finding(
+                ctx,
+                Verdict.PASS,
+                f"texts of {limit - 1} and {limit} tokens: the last token still counts",
+                metrics={"limit": float(limit)},
+                gate="within the limit every token changes the output",
+                evidence=evidence,
+            )
+        n = bad[0]
+        if rows[n]["outcome"] == "error":
+            title = f"a text of {n} tokens (limit {limit}) is refused: {rows[n]['error']}"
+            effective = float("nan")
+        else:
+            effective = float(self._effective_limit(ctx.target, texts, limit, g))
+            title = (
+                f"silently truncates early: output stops changing after {effective:.0f} tokens, "
+                f"{limit - effective:.0f} before the model's limit of {limit}"
+            )
+        return self.finding(
+            ctx,
+            Verdict.FAIL,
+            title,
+            severity=Severity.HIGH,
+            metrics={"limit": float(limit), "effective_limit": effective},
+            gate="within the limit every token changes the output",
+            message=f"the last word of the {n}-token text {rows[n]['text'][-60:]!r} does not change the output",
+            suggestion="make the serving tokenizer's max_length equal the model's max_position_embeddings",
+            evidence={**evidence, "effective_limit": effective},
+            artifacts=artifacts,
+        )
+
+    @staticmethod
+    def _effective_limit(target: Target, texts: _Texts, limit: int, g: ContextBoundaryGate) -> int:
+        """The largest token count whose last token still changes the output (binary search)."""
+        lo, hi = texts.specials, limit  # lo: known to change (or the floor); hi: known not to
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            a = texts.text(mid)
+            ca, cb = _call(target, a), _call(target, texts.variant(a))
+            changes = not (ca.error or cb.error) and _distance(ca.output, cb.output) > g.min_change
+            lo, hi = (mid, hi) if changes else (lo, mid)
+        return lo
+
+    def _beyond(
+        self,
+        ctx: CheckContext,
+        limit: int,
+        rows: dict[int, dict[str, Any]],
+        g: ContextBoundaryGate,
+        evidence: dict[str, Any],
+    ) -> Finding:
+        outcomes = {n: rows[n] for n in (limit + 1, 2 * limit)}
+        gate = "past the limit: a typed error, or truncation with a warning" + (
+            " (silent truncation allowed)" if g.allow_silent_truncation else ""
+        )
+        crashed = {n: r for n, r in outcomes.items() if r["outcome"] == "error" and not r["typed"]}
+        if crashed:
+            n, r = next(iter(crashed.items()))
+            return self.finding(
+                ctx,
+                Verdict.FAIL,
+                f"a text of {n} tokens (limit {limit}) raises an untyped error: {r['error'][:120]}",
+                severity=Severity.HIGH,
+                metrics={"limit": float(limit)},
+                gate=gate,
+                suggestion="truncate explicitly, or reject over-long texts with a typed error before the model",
+                evidence=evidence,
+            )
+        silent = [n for n, r in outcomes.items() if r["outcome"] == "ignored" and not r["warnings"]]
+        if silent and not g.allow_silent_truncation:
+            return self.finding(
+                ctx,
+                Verdict.FAIL,
+                f"silent truncation: texts of {', '.join(map(str, silent))} tokens (limit {limit}) are truncated "
+                "with no error and no warning",
+                severity=Severity.MEDIUM,
+                metrics={"limit": float(limit), "silently_truncated_lengths": float(len(silent))},
+                gate=gate,
+                message="words past the limit do not change the output and the caller is not told",
+                suggestion="reject texts over the limit with a typed error (Preflight max_text_tokens), or return/"
+                "log a truncation flag; chunk long texts if they matter",
+                evidence=evidence,
+            )
+
+        def describe(r: dict[str, Any]) -> str:
+            if r["outcome"] == "error":
+                return "rejected with a typed error"
+            if r["outcome"] == "changes":
+                return "read in full"
+            return "truncated with a warning" if r["warnings"] else "silently truncated (allowed by the gate)"
+
+        how = {n: describe(r) for n, r in outcomes.items()}
+        return self.finding(
+            ctx,
+            Verdict.PASS,
+            "past the limit: " + ", ".join(f"{n} tokens {h}" for n, h in how.items()),
+            metrics={"limit": float(limit)},
+            gate=gate,
+            evidence=evidence,
+        )
+
+    def _eos(
+        self,
+        ctx: CheckContext,
+        inner: Target,
+        limit: int,
+        rows: dict[int, dict[str, Any]],
+        texts: _Texts,
+        g: ContextBoundaryGate,
+    ) -> Finding | None:
+        long_row = rows[2 * limit]
+        if long_row["outcome"] == "error":
+            return None  # rejected, nothing was truncated
+        long_text = long_row["text"]
+        cut_text = texts.text(limit)
+        cl, cc = _call(ctx.target, long_text), _call(ctx.target, cut_text)
+        if cl.error or cc.error:
+            return None
+        distance = _distance(cl.output, cc.output)
+        evidence: dict[str, Any] = {"limit": limit, "long_tokens": texts.count(long_text), "distance": distance}
+        detail = ""
+        tokenize = getattr(inner, "tokenize", None)
+        tok = getattr(inner, "tokenizer", None)
+        eos_id = getattr(tok, "eos_token_id", None)
+        if callable(tokenize) and eos_id is not None:
+            enc = tokenize([long_text])
+            ids = np.asarray(enc["input_ids"])[0]
+            mask = np.asarray(enc.get("attention_mask", np.ones_like(ids)))[0]
+            kept = ids[mask.astype(bool)]
+            last = int(kept[-1]) if len(kept) else -1
+            evidence.update(kept_tokens=len(kept), last_token_id=last, eos_token_id=int(eos_id))
+            if last != int(eos_id):
+                convert = getattr(tok, "convert_ids_to_tokens", None)
+                name = convert(last) if callable(convert) else str(last)
+                detail = f"the last kept token is {name!r} (id {last}), not EOS (id {eos_id})"
+        if distance <= g.min_change and not detail:
+            return self.finding(
+                ctx,
+                Verdict.PASS,
+                f"after truncation the output equals the truncated text's (EOS kept at position {limit - 1})",
+                metrics={"distance": distance},
+                gate="an over-long text embeds exactly like its own truncation",
+                evidence=evidence,
+            )
+        title = "after truncation the pooled position is wrong: " + (
+            detail or f"a {2 * limit}-token text does not embed like its truncation (1 - cos = {distance:.3g})"
+        )
+        return self.finding(
+            ctx,
+            Verdict.FAIL,
+            title,
+            severity=Severity.HIGH,
+            metrics={"distance": distance},
+            gate="an over-long text embeds exactly like its own truncation",
+            message=f"long text: {long_text[:80]}...",
+            suggestion="truncate inside the tokenizer (truncation=True, max_length) so EOS is re-appended; never slice "
+            "token ids after EOS was added",
+            evidence=evidence,
+        )

@@ -1,0 +1,1 @@
+"""Step 5, integration: thread safety, run-to-run determinism, component fingerprints."""

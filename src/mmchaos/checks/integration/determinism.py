@@ -1,0 +1,175 @@
+"""Step 5: the same inputs give the same outputs twice in one process and in two processes.
+
+In-process: every batch is run twice through the target the run holds. Across processes: two
+fresh worker processes each load the target by URI (as ``mmchaos validate`` would on two
+replicas) and run the same batches; their outputs must be identical (the gate can allow a
+tolerance). This process's outputs are compared with the workers' too, for information: they
+may legitimately differ when earlier checks changed process-wide settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
+from mmchaos.checks.integration.thread_safety import max_difference
+from mmchaos.errors import TargetLoadError
+from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
+from mmchaos.isolation import JobResult, WorkerPool, WorkerSpec, describe_exception
+from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.wrappers import unwrap
+
+__all__ = ["Determinism"]
+
+
+def _result(out: Any) -> Any:
+    if isinstance(out, list | tuple) and all(isinstance(s, str) for s in out):
+        return list(out)
+    return np.array(out, copy=True)
+
+
+def call_job(target: Target, spec: WorkerSpec, payload: tuple[str, list[Any]]) -> dict[str, Any]:
+    """Worker handler: ``getattr(target, method)(items)``."""
+    method, items = payload
+    try:
+        return {"output": _result(getattr(target, method)(items))}
+    except Exception as exc:
+        return {"error": describe_exception(exc)}
+
+
+class DeterminismParams(Params):
+    samples: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+    cross_process: bool = Field(default=True, description="also compare two fresh worker processes")
+    timeout_s: float = Field(default=120.0, gt=0)
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    target_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeterminismGate(Gate):
+    max_abs_diff: float = Field(default=0.0, ge=0.0, description="0 = bit-identical")
+
+
+class Determinism(Check[DeterminismParams, DeterminismGate]):
+    """The same inputs twice in one process and once in each of two processes: identical outputs."""
+
+    name = "determinism"
+    step = Step.INTEGRATION
+    requires = ANY_MODALITY
+    Params = DeterminismParams
+    Gate = DeterminismGate
+
+    def _batches(self, ctx: CheckContext) -> list[tuple[str, list[Any], list[str]]]:
+        p = self.params
+        data = ctx.dataset.head(p.samples)
+        target = ctx.target
+        out: list[tuple[str, list[Any], list[str]]] = []
+        images = [s.load_image() for s in data] if data.has_images else []
+        texts = [t for t in (s.caption or s.text or "" for s in data) if t]
+        ids = [s.id for s in data]
+        chunks = range(0, len(data), p.batch_size)
+        if images and target.has(Capability.EMBED_IMAGE):
+            out += [("embed_images", images[i : i + p.batch_size], ids[i : i + p.batch_size]) for i in chunks]
+        if texts and target.has(Capability.EMBED_TEXT):
+            step = range(0, len(texts), p.batch_size)
+            out += [("embed_texts", texts[i : i + p.batch_size], texts[i : i + p.batch_size]) for i in step]
+        if images and target.has(Capability.READ_TEXT):
+            out += [("read_text", images[i : i + p.batch_size], ids[i : i + p.batch_size]) for i in chunks]
+        return out
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        g = self.gate
+        batches = self._batches(ctx)
+        if not batches:
+            yield self.finding(ctx, Verdict.SKIPPED, "no inputs of a modality the target handles")
+            return
+        first = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
+        second = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
+        yield self._compare(ctx, "in_process", "twice in this process", batches, first, second, g)
+        if not p.cross_process:
+            return
+        inner = unwrap(ctx.target)
+        spec = WorkerSpec(uri=inner.uri, options={**dict(inner.load_options), **p.target_options}, threads=None)
+        pool = WorkerPool(spec, call_job, workers=2, start_timeout=p.start_timeout_s)
+        try:
+            pool.start()
+        except TargetLoadError as exc:
+            yield self.finding(
+                ctx,
+                Verdict.ERROR,
+                f"cross-process: the target cannot be loaded in a worker by its URI {inner.uri!r}",
+                severity=Severity.MEDIUM,
+                message=exc.message,
+                suggestion="give a loadable URI, or set cross_process: false",
+            )
+            return
+        runs: list[list[Any]] = [[], []]
+        failure = ""
+        try:
+            for method, items, _ in batches:
+                results: list[JobResult] = pool.broadcast((method, items), p.timeout_s)
+                for w, res in enumerate(results):
+                    if res.status != "ok" or "error" in res.value:
+                        failure = res.detail or (res.value or {}).get("error", "").short()
+                        break
+                    runs[w].append(res.value["output"])
+                if failure:
+                    break
+        finally:
+            pool.close()
+        if failure:
+            yield self.finding(
+                ctx, Verdict.ERROR, f"cross-process: a worker failed: {failure}"[:300], severity=Severity.MEDIUM
+            )
+            return
+        parent = max(max_difference(a, b) for a, b in zip(first, runs[0], strict=True))
+        finding = self._compare(ctx, "cross_process", "in two fresh processes", batches, runs[0], runs[1], g)
+        finding.metrics["max_abs_diff_this_process_vs_worker"] = parent
+        yield finding
+
+    def _compare(
+        self,
+        ctx: CheckContext,
+        mode: str,
+        how: str,
+        batches: list[tuple[str, list[Any], list[str]]],
+        a: list[Any],
+        b: list[Any],
+        g: DeterminismGate,
+    ) -> Finding:
+        diffs = [max_difference(x, y) for x, y in zip(a, b, strict=True)]
+        worst = int(np.argmax(diffs))
+        metrics = {"max_abs_diff": diffs[worst], "batches": float(len(batches)),
+                   "differing_batches": float(sum(d > g.max_abs_diff for d in diffs))}  # fmt: skip
+        method, _items, labels = batches[worst]
+        evidence: dict[str, Any] = {"mode": mode, "seed": ctx.seed, "methods": sorted({m for m, _, _ in batches})}
+        gate = f"max abs diff <= {g.max_abs_diff:g}"
+        if diffs[worst] <= g.max_abs_diff:
+            return self.finding(
+                ctx, Verdict.PASS, f"{how}: identical outputs ({len(batches)} batches)", metrics=metrics, gate=gate,
+                evidence=evidence,
+            )  # fmt: skip
+        evidence["worst"] = {"method": method, "batch": labels, "max_abs_diff": diffs[worst]}
+        import json
+
+        repro = json.dumps({"method": method, "batch": labels}).encode()
+        artifact = Artifact(f"{ctx.check_id}-{mode}-batch.json", repro, "application/json")
+        return self.finding(
+            ctx,
+            Verdict.FAIL,
+            f"{how}: outputs differ (max abs diff {diffs[worst]:.3g} in {method} on {', '.join(labels)[:80]}; "
+            f"{int(metrics['differing_batches'])} of {len(batches)} batches)",
+            severity=Severity.HIGH,
+            metrics=metrics,
+            gate=gate,
+            message=f"{method} on the same batch gave different outputs {how}",
+            suggestion="call model.eval(); disable dropout/augmentation at inference; seed nothing from process "
+            "state (hash(), time, PIDs); pin thread counts and deterministic kernels",
+            evidence=evidence,
+            artifacts=[artifact],
+        )

@@ -1,0 +1,295 @@
+"""Step 5: the tokenizer, image processor and config must belong with the weights.
+
+Three independent lines of evidence, each naming the component at fault:
+
+* recorded hashes -- the component hashes recorded when the artefact was made (an ``onnx:``
+  export's manifest, or a ``lock`` file: a fingerprint from a run you validated) against the
+  current ones;
+* static consistency -- what the weights imply (embedding rows, special token ids, position
+  count, image size) against what the tokenizer and processor produce;
+* a functional probe -- on a labelled dataset, zero-shot accuracy must be well above chance: a
+  processor with another normalisation or a tokenizer with another vocabulary falls to chance.
+
+The gate says whether a mismatch is refused (a failing finding) or only warned about.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.errors import ConfigError
+from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.wrappers import unwrap
+from mmchaos.tasks.base import l2_normalise
+
+__all__ = ["FingerprintMatch", "static_problems"]
+
+_COMPONENTS = ("weights", "tokenizer", "processor", "config")
+_EITHER = "the tokenizer or the processor"
+
+
+def _model_config(target: Target) -> dict[str, Any]:
+    if target.has(Capability.TORCH_MODULE):
+        cfg = getattr(target.torch_module(), "config", None)
+        if cfg is not None and hasattr(cfg, "to_dict"):
+            return dict(cfg.to_dict())
+    path = getattr(target, "path", None)
+    if isinstance(path, Path) and (path / "config.json").is_file():
+        try:
+            data = json.loads((path / "config.json").read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+    return {}
+
+
+def _embedding_rows(target: Target) -> int | None:
+    if not target.has(Capability.TORCH_MODULE):
+        return None
+    model = target.torch_module()
+    emb = getattr(model, "get_input_embeddings", None)
+    try:
+        layer = emb() if callable(emb) else None
+    except (NotImplementedError, AttributeError):
+        layer = None
+    if layer is None:
+        text = getattr(model, "text_model", None)
+        layer = getattr(getattr(text, "embeddings", None), "token_embedding", None)
+    weight = getattr(layer, "weight", None)
+    return int(weight.shape[0]) if weight is not None else None
+
+
+def static_problems(target: Target) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """(component, problem) pairs found by comparing the weights' config with the preprocessing."""
+    config = _model_config(target)
+    text_cfg = config.get("text_config") or config
+    vision_cfg = config.get("vision_config") or {}
+    tok = getattr(target, "tokenizer", None)
+    problems: list[tuple[str, str]] = []
+    facts: dict[str, Any] = {}
+    if tok is not None and text_cfg:
+        rows = _embedding_rows(target) or text_cfg.get("vocab_size")
+        n_tok = len(tok) if hasattr(tok, "__len__") else None
+        facts.update(tokenizer_size=n_tok, embedding_rows=rows)
+        if rows and n_tok:
+            if n_tok > rows:
+                problems.append(("tokenizer", f"the tokenizer has {n_tok} tokens but the embedding table {rows} rows: "
+                                              f"ids >= {rows} index out of range"))  # fmt: skip
+            elif n_tok < rows - 128:
+                problems.append(("tokenizer", f"the tokenizer has {n_tok} tokens, the embedding table {rows} rows: "
+                                              "a different vocabulary"))  # fmt: skip
+        for name in ("eos", "bos", "pad"):
+            want = text_cfg.get(f"{name}_token_id")
+            have = getattr(tok, f"{name}_token_id", None)
+            facts[f"{name}_token_id"] = {"config": want, "tokenizer": have}
+            if name == "eos" and want == 2 and config.get("model_type") == "clip":
+                continue  # legacy CLIP configs: transformers pools at argmax(input_ids) instead
+            if want is not None and have is not None and int(want) != int(have):
+                problems.append(("tokenizer", f"{name.upper()} is id {have} in the tokenizer but {want} in the model "
+                                              "config: a different vocabulary"))  # fmt: skip
+        positions = text_cfg.get("max_position_embeddings")
+        tok_max = getattr(tok, "model_max_length", None)
+        facts["max_positions"] = {"config": positions, "tokenizer": tok_max}
+        if positions and isinstance(tok_max, int) and positions < tok_max < 1_000_000:
+            problems.append(
+                ("tokenizer", f"the tokenizer allows {tok_max} tokens, the model has {positions} positions")
+            )
+    size = vision_cfg.get("image_size")
+    if size and callable(getattr(target, "preprocess_images", None)):
+        probe = np.full((97, 131, 3), 127, np.uint8)
+        try:
+            shape = tuple(int(d) for d in np.asarray(target.preprocess_images([probe])).shape)  # type: ignore[attr-defined]
+        except Exception as exc:  # a processor that cannot even run is itself the finding
+            problems.append(("processor", f"the image processor fails on a plain picture: {type(exc).__name__}: {exc}"))
+            shape = ()
+        facts["processor_output_shape"] = list(shape)
+        facts["model_image_size"] = size
+        if len(shape) == 4 and tuple(shape[2:]) != (size, size):
+            problems.append(("processor", f"the image processor outputs {shape[2]}x{shape[3]} pixels, the vision "
+                                          f"tower was built for {size}x{size}"))  # fmt: skip
+        channels = vision_cfg.get("num_channels")
+        if len(shape) == 4 and channels and shape[1] != channels:
+            problems.append(
+                ("processor", f"the image processor outputs {shape[1]} channels, the model takes {channels}")
+            )
+    return problems, facts
+
+
+def _load_lock(path: str) -> Fingerprint:
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the fingerprint lock {path}: {exc}") from exc
+    for key in ("target", "fingerprint"):  # a results.json, or a describe() dict
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            data = data[key]
+    if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
+        data = data["fingerprint"]
+    if not isinstance(data, dict) or not any(k in data for k in _COMPONENTS):
+        raise ConfigError(f"{path} holds no fingerprint (weights/tokenizer/processor/config hashes)")
+    return Fingerprint(
+        weights=str(data.get("weights", "")),
+        tokenizer=str(data.get("tokenizer", "")),
+        processor=str(data.get("processor", "")),
+        config=str(data.get("config", "")),
+    )
+
+
+def _recorded_accuracy(target: Target, ctx: CheckContext) -> tuple[float | None, str]:
+    """The zero-shot accuracy a model directory's training.json records, if this run uses its data."""
+    path = getattr(target, "path", None)
+    record_path = path / "training.json" if isinstance(path, Path) else None
+    if record_path is None or not record_path.is_file():
+        return None, ""
+    try:
+        record = json.loads(record_path.read_text())
+        evaluation = record["eval"]
+        accuracy = float(evaluation["zero_shot_accuracy"])
+        split, seed = str(evaluation.get("split", "test")), int(evaluation.get("seed", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, ""
+    source = ctx.dataset.source
+    same_data = ctx.dataset.name == "shapes" and f"split={split}" in source and f"seed={seed}&" in source + "&"
+    return (accuracy, str(record_path)) if same_data else (None, "")
+
+
+class FingerprintMatchParams(Params):
+    lock: str | None = Field(default=None, description="a JSON fingerprint (or results.json) of the validated artefact")
+    probe: bool = Field(default=True, description="run the zero-shot probe on a labelled dataset")
+    samples: int = Field(default=96, ge=8)
+    reference_accuracy: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="zero-shot accuracy validated with these weights on this dataset; by default the model "
+        "directory's training.json, when the run uses the data it was measured on",
+    )
+
+
+class FingerprintMatchGate(Gate):
+    on_mismatch: Literal["refuse", "warn"] = "refuse"
+    min_accuracy_over_chance: float = Field(
+        default=3.0, ge=1.0, description="zero-shot accuracy must exceed chance x this"
+    )
+    max_accuracy_drop: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="below the reference accuracy by more than this is a mismatch"
+    )
+
+
+class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
+    """Tokenizer/processor/config vs weights: recorded hashes, static consistency, zero-shot probe."""
+
+    name = "fingerprint_match"
+    step = Step.INTEGRATION
+    requires = (frozenset(),)
+    Params = FingerprintMatchParams
+    Gate = FingerprintMatchGate
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        g = self.gate
+        target = unwrap(ctx.target)
+        current = target.fingerprint()
+        recorded = _load_lock(p.lock) if p.lock else target.recorded_fingerprint()
+        problems: list[tuple[str, str]] = []
+        evidence: dict[str, Any] = {"current": current.to_dict(include_digest=False), "seed": ctx.seed}
+        lines: list[str] = []
+        if recorded is not None:
+            evidence["recorded"] = recorded.to_dict(include_digest=False)
+            for comp in _COMPONENTS:
+                want, have = getattr(recorded, comp), getattr(current, comp)
+                if want and have and want != have:
+                    problems.append((comp, f"the {comp} hash {have[:12]} differs from the recorded {want[:12]}"))
+            lines.append("recorded hashes compared")
+        static, facts = static_problems(target)
+        problems += static
+        evidence["static"] = facts
+        if facts:
+            lines.append("static consistency checked")
+        metrics: dict[str, float] = {}
+        if p.probe:
+            try:
+                probe = self._probe(ctx, p.samples)
+            except Exception as exc:  # a processor or tokenizer the weights cannot take fails right here
+                problems.append((_EITHER, f"the zero-shot probe fails: {type(exc).__name__}: {exc}"))
+                lines.append("zero-shot probe failed")
+                probe = None
+            if probe is not None:
+                acc, chance = probe
+                metrics.update(zero_shot_accuracy=acc, chance=chance, accuracy_over_chance=acc / chance)
+                lines.append(f"zero-shot accuracy {acc:.3f} (chance {chance:.3f})")
+                if acc < g.min_accuracy_over_chance * chance:
+                    problems.append((_EITHER, f"zero-shot accuracy {acc:.3f} is under "
+                                     f"{g.min_accuracy_over_chance:g}x chance ({chance:.3f}): the text and image sides "
+                                     "no longer line up"))  # fmt: skip
+                reference, where = p.reference_accuracy, "params.reference_accuracy"
+                if reference is None:
+                    reference, where = _recorded_accuracy(target, ctx)
+                if reference is not None:
+                    metrics["reference_accuracy"] = reference
+                    evidence["reference_accuracy_from"] = where
+                    if acc < reference - g.max_accuracy_drop:
+                        drop = f"zero-shot accuracy {acc:.3f} is {reference - acc:.3f} below the {reference:.3f}"
+                        problems.append((_EITHER, f"{drop} recorded in {where}"))
+        if not lines:
+            yield self.finding(
+                ctx,
+                Verdict.SKIPPED,
+                "nothing to compare: no recorded fingerprint, no config to check, no labelled data to probe",
+                suggestion="pass params.lock (a fingerprint from a validated run) or use a labelled dataset",
+            )
+            return
+        evidence["problems"] = [{"component": c, "problem": m} for c, m in problems]
+        metrics["mismatches"] = float(len(problems))
+        gate = f"no mismatch ({g.on_mismatch} on mismatch)"
+        if not problems:
+            yield self.finding(
+                ctx, Verdict.PASS, "tokenizer, processor and config belong with the weights (" + "; ".join(lines) + ")",
+                metrics=metrics, gate=gate, evidence=evidence,
+            )  # fmt: skip
+            return
+        named = sorted({c for c, _ in problems if c != _EITHER})
+        comps = named or [_EITHER]  # the probe cannot tell which side is wrong; a static finding can
+        verb = "does" if len(comps) == 1 else "do"
+        first = next(m for c, m in problems if c in comps)
+        title = f"{' and '.join(comps)} {verb} not belong with the weights: {first}"
+        refuse = g.on_mismatch == "refuse"
+        yield self.finding(
+            ctx,
+            Verdict.FAIL if refuse else Verdict.PASS,
+            title if refuse else "warning: " + title,
+            severity=Severity.HIGH if refuse else Severity.MEDIUM,
+            metrics=metrics,
+            gate=gate,
+            message="; ".join(m for _, m in problems)[:1000],
+            suggestion="ship tokenizer, processor, config and weights as one versioned artefact and refuse to load "
+            "pairs whose fingerprints were not validated together",
+            evidence=evidence,
+        )
+
+    @staticmethod
+    def _probe(ctx: CheckContext, samples: int) -> tuple[float, float] | None:
+        data = ctx.dataset.head(samples)
+        target = ctx.target
+        if not (data.has_labels and data.has_images and data.classes and len(data.classes) > 1):
+            return None
+        if not target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT):
+            return None
+        prompts = [data.prompt_template.format(c) for c in data.classes]
+        text = l2_normalise(np.asarray(target.embed_texts(prompts), np.float32))
+        images = [s.load_image() for s in data]
+        img = l2_normalise(np.concatenate([np.asarray(target.embed_images(images[i : i + 32]), np.float32)
+                                           for i in range(0, len(images), 32)]))  # fmt: skip
+        truth = np.array([data.classes.index(s.label or "") for s in data])
+        acc = float(((img @ text.T).argmax(axis=1) == truth).mean())
+        counts = np.bincount(truth, minlength=len(data.classes))
+        chance = float(max(counts.max() / len(truth), 1.0 / len(data.classes)))
+        return acc, chance

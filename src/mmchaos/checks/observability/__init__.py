@@ -1,0 +1,1 @@
+"""Step 7, observability: drift alarms on perturbed traffic, exported metrics."""

@@ -1,0 +1,656 @@
+"""Step 2: the task metric under the perturbation catalog, against the clean metric.
+
+For every selected perturbation (by name and/or group) and severity: the task metric, its drop
+and the relative robustness ``quality(perturbed) / quality(clean)``. One finding per perturbation,
+gated on the relative robustness at the lower severities; then one summary finding with the
+relative robustness per group, a single robustness score (its definition is
+:data:`SCORE_DEFINITION`, written into the finding), and the worst cases of the whole sweep saved
+with clean and perturbed inputs side by side.
+
+Sensitivity probes (negation, attribute swap, caption mismatch) change the meaning on purpose:
+for them the check measures whether the model *notices* (prefers the true caption over the
+changed one) and gates that instead; they stay out of the score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, field_validator, model_validator
+
+from mmchaos import perturb, tasks
+from mmchaos.checks.base import Check, CheckContext, Gate, Params, ProgressTask
+from mmchaos.checks.evidence import image_artifact, safe_name
+from mmchaos.data.base import Dataset
+from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
+from mmchaos.perturb.base import (
+    Applied,
+    BindContext,
+    Modality,
+    MultimodalPerturbation,
+    MultimodalSample,
+    Perturbation,
+    TextPerturbation,
+)
+from mmchaos.targets.base import Capability, Target
+from mmchaos.tasks.base import Task, TaskResult
+
+__all__ = ["SCORE_DEFINITION", "Robustness", "RobustnessGate", "RobustnessParams"]
+
+SCORE_DEFINITION = (
+    "MMI-style relative robustness (MMRobustness, Qiu et al. 2022), not mCE (no baseline model): "
+    "r(p, s) = Q(perturbed by p at severity s) / Q(clean), where Q is the task metric made "
+    "higher-is-better in [0, 1] (accuracy, recall@1, 1 - CER) and r is capped at 1 so that an "
+    "improvement does not offset a drop; group robustness = mean of r over the group's "
+    "perturbations and severities; score = mean over groups (each group weighs the same); "
+    "MMI = 1 - score, the mean relative drop. Sensitivity probes and the missing-modality sweep (which "
+    "judges the samples left intact) are not in the score."
+)
+
+_BOTH = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
+
+
+class RobustnessParams(Params):
+    perturbations: list[str] | None = Field(
+        None, description="perturbations by name; with `groups` the union; neither: the whole catalog"
+    )
+    groups: list[str] | None = Field(None, description="perturbation groups (noise, blur, weather, ...)")
+    exclude: list[str] = Field(default_factory=list, description="names removed from the selection")
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+    samples: int = Field(256, ge=1, description="samples of the dataset used (the first N)")
+    batch_size: int = Field(64, ge=1)
+    worst_cases: int = Field(10, ge=0, description="worst cases of the sweep saved with clean/perturbed images")
+    worst_per_perturbation: int = Field(3, ge=0, description="worst samples recorded (params only) per perturbation")
+    meaning_kept: float | None = Field(
+        None, ge=0.0, le=1.0, description="text draws must keep this sentence similarity (MMRobustness: 0.9)"
+    )
+    image_task: str | None = Field(None, description="task for image perturbations; default by target")
+    text_task: str | None = Field(None, description="task for text perturbations; default by target")
+    multimodal_task: str | None = Field(None, description="task for multimodal perturbations; default by target")
+
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, v: list[int]) -> list[int]:
+        if not v or any(s not in (1, 2, 3, 4, 5) for s in v):
+            raise ValueError("severities must be a non-empty list of values in 1-5")
+        return sorted(set(v))
+
+    @field_validator("image_task", "text_task", "multimodal_task")
+    @classmethod
+    def _task(cls, v: str | None) -> str | None:
+        if v is not None:
+            tasks.REGISTRY.get(v)  # raises UnknownNameError with close matches
+        return v
+
+    @model_validator(mode="after")
+    def _selection(self) -> RobustnessParams:
+        if not self.selected():
+            raise ValueError("the selection of perturbations is empty")
+        return self
+
+    def selected(self) -> list[str]:
+        """The perturbations to sweep, in catalog order (raises on unknown names or groups)."""
+        return perturb.select(self.perturbations, self.groups, self.exclude)
+
+
+class RobustnessGate(Gate):
+    min_relative: float = Field(
+        0.5, ge=0.0, le=1.0, description="perturbed/clean task quality must stay at or above this"
+    )
+    up_to_severity: int = Field(3, ge=1, le=5, description="severities above this are reported, not gated")
+    min_discrimination: float = Field(
+        0.6, ge=0.0, le=1.0, description="sensitivity probes: share of samples where the model prefers the truth"
+    )
+    min_score: float | None = Field(None, ge=0.0, le=1.0, description="the robustness score must reach this")
+
+
+@dataclass
+class _Case:
+    """A candidate worst case: one sample under one perturbation at one severity."""
+
+    drop: float
+    perturbation: str
+    group: str
+    severity: int
+    index: int
+    clean_score: float
+    perturbed_score: float
+    params: dict[str, Any]
+    perturbed: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _RunState:
+    """What one run caches: clean task results, unit embeddings of the clean inputs."""
+
+    tasks: dict[str, tuple[Task, TaskResult]] = field(default_factory=dict)
+    embeddings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Outcome:
+    name: str
+    group: str
+    relative: dict[int, float]
+    in_score: bool = True
+
+
+class Robustness(Check[RobustnessParams, RobustnessGate]):
+    """Degradation of the task metric under the perturbation catalog, per perturbation and severity."""
+
+    name = "robustness"
+    step = Step.ROBUSTNESS
+    requires = (
+        frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
+        frozenset({Capability.READ_TEXT}),
+    )
+    Params = RobustnessParams
+    Gate = RobustnessGate
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        data = ctx.dataset.head(p.samples)
+        images = [s.load_image() for s in data] if data.has_images else []
+        captions = [s.caption or "" for s in data] if data.has_captions else []
+        selection = p.selected()
+        bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
+        constraint = None
+        if p.meaning_kept is not None:
+            from mmchaos.perturb.meaning import MeaningKept
+
+            constraint = MeaningKept(p.meaning_kept)
+        state = _RunState()
+        outcomes: list[_Outcome] = []
+        cases: list[_Case] = []
+        skipped: dict[str, list[str]] = {}
+        bar = ctx.progress.task(f"{ctx.check_id}: perturbations", total=len(selection) * len(p.severities))
+        try:
+            for name in selection:
+                pert: Perturbation[Any] = perturb.get(name).bind(bind)
+                if constraint is not None and isinstance(pert, TextPerturbation):
+                    pert = pert.constrained(constraint)
+                inputs, why = self._inputs(pert, data, images, captions)
+                task_name = None
+                if why is None and pert.expects_change:
+                    if not (ctx.target.has(*_BOTH) and images and captions):
+                        why = "sensitivity probes need a target that embeds images and texts, and captioned images"
+                elif why is None:
+                    task_name = self._task_for(pert, ctx.target, data, inputs)
+                    if task_name is None:
+                        why = f"no task scores {pert.modality.value} perturbations on this target and dataset"
+                if why is not None:
+                    skipped.setdefault(why, []).append(name)
+                    bar.advance(len(p.severities))
+                    continue
+                if pert.expects_change:
+                    yield self._sensitivity(ctx, state, pert, data, inputs, images, captions, bar)
+                    continue
+                assert task_name is not None
+                task, clean = self._clean(state, task_name, ctx.target, data, p.batch_size)
+                finding, outcome, found = self._sweep(ctx, pert, task, clean, data, inputs, bar)
+                if constraint is not None and isinstance(pert, TextPerturbation):
+                    finding.evidence["meaning_constraint"] = constraint.describe()
+                outcomes.append(outcome)
+                cases += found
+                yield finding
+        finally:
+            bar.close()
+        for why, names in skipped.items():
+            yield self.finding(
+                ctx,
+                Verdict.SKIPPED,
+                f"{len(names)} perturbation(s) skipped: {why}",
+                message=f"{why}: {', '.join(names)}",
+                evidence={"perturbations": names, "reason": why},
+            )
+        if any(o.in_score for o in outcomes):
+            yield self._summary(ctx, outcomes, cases, data, images, captions, skipped, constraint)
+
+    # --- inputs and tasks ------------------------------------------------------------------------
+
+    def _inputs(
+        self, pert: Perturbation[Any], data: Dataset, images: list[Any], captions: list[str]
+    ) -> tuple[list[Any], str | None]:
+        """The clean inputs the perturbation works on, or why it cannot run on this dataset."""
+        if pert.modality == Modality.IMAGE:
+            return (images, None) if images else ([], "the dataset has no images")
+        if pert.modality == Modality.TEXT:
+            return (captions, None) if captions else ([], "the dataset has no captions")
+        assert isinstance(pert, MultimodalPerturbation)
+        samples = [
+            MultimodalSample(
+                image=images[i] if images else None,
+                text=captions[i] if captions else None,
+                frames=tuple(s.meta["frames"]) if "frames" in s.meta else None,
+                boxes=tuple(tuple(b) for b in s.meta["boxes"]) if "boxes" in s.meta else None,
+            )
+            for i, s in enumerate(data)
+        ]
+        if not samples or not all(pert.usable(s) for s in samples):
+            return [], f"the dataset carries no {'/'.join(sorted(pert.needs))} for multimodal perturbations"
+        if "frames" in pert.needs or "boxes" in pert.needs:
+            return [], "no task scores frame sequences or boxes in this version"
+        return samples, None
+
+    def _task_for(self, pert: Perturbation[Any], target: Target, data: Dataset, inputs: list[Any]) -> str | None:
+        p = self.params
+        explicit = {Modality.IMAGE: p.image_task, Modality.TEXT: p.text_task, Modality.MULTIMODAL: p.multimodal_task}
+        chosen = explicit[pert.modality]
+        if chosen is not None:
+            return chosen if tasks.REGISTRY.get(chosen).supports(target, data) else None
+        if pert.modality != Modality.MULTIMODAL:
+            return tasks.default_task(pert.modality.value, target, data)
+        has_text = bool(inputs) and inputs[0].text is not None
+        if has_text and tasks.REGISTRY.get("retrieval_i2t").supports(target, data):
+            return "retrieval_i2t"  # scores the pair: images against captions, both perturbed
+        return tasks.default_task("image", target, data)
+
+    @staticmethod
+    def _clean(
+        state: _RunState, task_name: str, target: Target, data: Dataset, batch_size: int
+    ) -> tuple[Task, TaskResult]:
+        if task_name not in state.tasks:
+            task = tasks.REGISTRY.get(task_name)(batch_size=batch_size)
+            task.setup(target, data)
+            state.tasks[task_name] = (task, task.evaluate(target, data))
+        return state.tasks[task_name]
+
+    # --- invariance sweep ------------------------------------------------------------------------
+
+    def _evaluate(
+        self, task: Task, target: Target, data: Dataset, pert: Perturbation[Any], batch: list[Any]
+    ) -> TaskResult:
+        if pert.modality == Modality.IMAGE:
+            return task.evaluate(target, data, images=batch)
+        if pert.modality == Modality.TEXT:
+            return task.evaluate(target, data, texts=batch)
+        images = [s.image for s in batch] if batch[0].image is not None else None
+        texts = [s.text if s.text is not None else "" for s in batch] if batch[0].text is not None else None
+        return task.evaluate(target, data, images=images, texts=texts)
+
+    def _sweep(
+        self,
+        ctx: CheckContext,
+        pert: Perturbation[Any],
+        task: Task,
+        clean: TaskResult,
+        data: Dataset,
+        inputs: list[Any],
+        bar: ProgressTask,
+    ) -> tuple[Finding, _Outcome, list[_Case]]:
+        p = self.params
+        g = self.gate
+        clean_quality = task.quality(clean.metric)
+        metrics: dict[str, float] = {"clean": clean.metric}
+        best: dict[int, _Case] = {}  # per sample: its largest drop, at the lowest severity
+        for sev in p.severities:
+            perturbed, applied = pert(inputs, sev, rng=ctx.rng(pert.name, sev))
+            result = self._evaluate(task, ctx.target, data, pert, perturbed)
+            quality = task.quality(result.metric)
+            rel = quality / clean_quality if clean_quality > 0 else (1.0 if quality >= clean_quality else 0.0)
+            metrics[f"s{sev}"] = result.metric
+            metrics[f"drop_s{sev}"] = (clean.metric - result.metric) * (1 if task.higher_is_better else -1)
+            metrics[f"relative_s{sev}"] = rel
+            for key, value in result.extra.items():
+                metrics[f"{key}_s{sev}"] = value
+            if pert.removes_content:
+                # Hit items have lost a modality: no model keeps their scores. What must hold is
+                # that the items left intact keep theirs (one blank input must not poison its batch).
+                intact = [i for i, prm in enumerate(applied.items) if not pert.hit(prm)]
+                metrics[f"intact_s{sev}"] = float(len(intact))
+                if intact:
+                    base = float(np.mean(clean.per_sample[intact]))
+                    now = float(np.mean(result.per_sample[intact]))
+                    metrics[f"intact_relative_s{sev}"] = now / base if base > 0 else 1.0
+            self._collect(best, pert, sev, clean, result, applied, perturbed)
+            bar.advance()
+        key = "intact_relative_s{}" if pert.removes_content else "relative_s{}"
+        rels = {s: metrics[key.format(s)] for s in p.severities if key.format(s) in metrics}
+        gated = [s for s in rels if s <= g.up_to_severity]
+        metrics["mean_relative"] = float(np.mean(list(rels.values()))) if rels else 1.0
+        if gated:
+            metrics["min_relative_gated"] = min(rels[s] for s in gated)
+        broken = [s for s in gated if rels[s] < g.min_relative]
+        ranked = sorted(best.values(), key=lambda c: (-c.drop, c.severity, c.index))
+        evidence = {
+            "perturbation": pert.name,
+            "group": pert.group,
+            "source": pert.source,
+            "task": task.name,
+            "metric": task.metric_name,
+            "higher_is_better": task.higher_is_better,
+            "samples": len(data),
+            "dataset": data.source or data.name,
+            "seed": ctx.seed,
+            "severities": list(p.severities),
+            "worst_samples": [self._case_record(c, data) for c in ranked[: p.worst_per_perturbation]],
+        }
+        gate_text = f"relative {task.metric_name} >= {g.min_relative} at severities <= {g.up_to_severity}"
+        if pert.removes_content:
+            gate_text = f"intact samples keep >= {g.min_relative} of their clean {task.metric_name}"
+            evidence["scored"] = "intact samples only (the hit ones lost a modality); not in the score"
+        outcome = _Outcome(pert.name, pert.group, rels, in_score=not pert.removes_content)
+        keep = ranked[: max(p.worst_cases, p.worst_per_perturbation)]
+        if broken:
+            first = min(broken)
+            severity = Severity.HIGH if first == 1 else Severity.MEDIUM if first == 2 else Severity.LOW
+            finding = self.finding(
+                ctx,
+                Verdict.FAIL,
+                f"{pert.name}: {task.metric_name} falls to {rels[first]:.0%} of clean at severity {first}",
+                severity=severity,
+                metrics=metrics,
+                gate=gate_text,
+                message=f"{task.metric_name} {clean.metric:.3f} clean -> {metrics[f's{first}']:.3f} "
+                f"at severity {first}",
+                suggestion=_SUGGEST.get(pert.group, "augment training or preprocessing for this perturbation"),
+                evidence=evidence,
+            )
+            return finding, outcome, keep
+        finding = self.finding(
+            ctx,
+            Verdict.PASS,
+            f"{pert.name}: {task.metric_name} keeps >= {g.min_relative:.0%} of clean up to severity {g.up_to_severity}",
+            metrics=metrics,
+            gate=gate_text,
+            message=f"{task.metric_name} {clean.metric:.3f} clean, mean relative {metrics['mean_relative']:.2f}",
+            evidence=evidence,
+        )
+        return finding, outcome, keep
+
+    @staticmethod
+    def _collect(
+        best: dict[int, _Case],
+        pert: Perturbation[Any],
+        severity: int,
+        clean: TaskResult,
+        result: TaskResult,
+        applied: Applied,
+        perturbed: list[Any],
+    ) -> None:
+        drop = clean.per_sample - result.per_sample
+        for found in np.flatnonzero(drop > 1e-9):
+            i = int(found)
+            if i in best and best[i].drop >= drop[i]:
+                continue
+            extra: dict[str, Any] = {}
+            if clean.outputs:
+                extra["clean_output"] = clean.outputs[i]
+            if result.outputs:
+                extra["perturbed_output"] = result.outputs[i]
+            best[i] = _Case(
+                float(drop[i]), pert.name, pert.group, severity, i, float(clean.per_sample[i]),
+                float(result.per_sample[i]), applied.items[i], perturbed[i], extra,
+            )  # fmt: skip
+
+    @staticmethod
+    def _case_record(case: _Case, data: Dataset) -> dict[str, Any]:
+        sample = data[case.index]
+        return {
+            "perturbation": case.perturbation,
+            "group": case.group,
+            "sample": sample.id,
+            "index": case.index,
+            "severity": case.severity,
+            "clean_score": case.clean_score,
+            "perturbed_score": case.perturbed_score,
+            "drop": round(case.drop, 6),
+            "params": case.params,
+            "truth": sample.label or sample.text or sample.caption,
+            **case.extra,
+        }
+
+    # --- sensitivity probes ----------------------------------------------------------------------
+
+    def _sensitivity(
+        self,
+        ctx: CheckContext,
+        state: _RunState,
+        pert: Perturbation[Any],
+        data: Dataset,
+        inputs: list[Any],
+        images: list[Any],
+        captions: list[str],
+        bar: ProgressTask,
+    ) -> Finding:
+        """Does the model prefer the true caption over the changed one? (higher is better)"""
+        p = self.params
+        g = self.gate
+        image_emb = _unit_embeddings(state, ctx.target, "embed_images", images, p.batch_size)
+        caption_emb = _unit_embeddings(state, ctx.target, "embed_texts", captions, p.batch_size)
+        true_sim = (image_emb * caption_emb).sum(axis=1)
+        metrics: dict[str, float] = {}
+        worst: list[dict[str, Any]] = []
+        for sev in p.severities:
+            perturbed, applied = pert(inputs, sev, rng=ctx.rng(pert.name, sev))
+            texts: list[str] = [(s.text or "") if isinstance(s, MultimodalSample) else str(s) for s in perturbed]
+            changed = [i for i, t in enumerate(texts) if t != captions[i]]
+            if changed:
+                emb = _unit(np.asarray(ctx.target.embed_texts([texts[i] for i in changed]), dtype=np.float32))
+                changed_sim = (image_emb[changed] * emb).sum(axis=1)
+                noticed = changed_sim < true_sim[changed]
+                metrics[f"s{sev}"] = float(noticed.mean())
+                metrics[f"margin_s{sev}"] = float((true_sim[changed] - changed_sim).mean())
+                if sev == min(p.severities):
+                    order = np.argsort(changed_sim - true_sim[changed], kind="stable")[::-1]
+                    for j in order[: p.worst_per_perturbation]:
+                        i = changed[int(j)]
+                        if noticed[int(j)]:
+                            break
+                        worst.append({
+                            "sample": data[i].id, "index": i, "severity": sev, "params": applied.items[i],
+                            "clean_text": captions[i], "perturbed_text": texts[i],
+                            "true_similarity": float(true_sim[i]), "changed_similarity": float(changed_sim[int(j)]),
+                        })  # fmt: skip
+            metrics[f"changed_s{sev}"] = float(len(changed))
+            bar.advance()
+        measured = [s for s in p.severities if f"s{s}" in metrics]
+        gated = [s for s in measured if s <= g.up_to_severity]
+        evidence = {
+            "perturbation": pert.name,
+            "group": pert.group,
+            "source": pert.source,
+            "probe": "sensitivity",
+            "metric": "discrimination",
+            "definition": "share of changed samples whose image is more similar to the true caption than to "
+            "the changed one",
+            "samples": len(data),
+            "seed": ctx.seed,
+            "probe_severities": list(p.severities),
+            "worst_samples": worst,
+        }
+        gate_text = f"discrimination >= {g.min_discrimination} at severities <= {g.up_to_severity}"
+        if not measured:
+            return self.finding(
+                ctx, Verdict.SKIPPED, f"{pert.name}: no caption could be changed", message="no eligible words",
+                evidence=evidence, metrics=metrics,
+            )  # fmt: skip
+        metrics["mean_discrimination"] = float(np.mean([metrics[f"s{s}"] for s in measured]))
+        broken = [s for s in gated if metrics[f"s{s}"] < g.min_discrimination]
+        if broken:
+            first = min(broken)
+            return self.finding(
+                ctx,
+                Verdict.FAIL,
+                f"{pert.name}: the model notices the change in only {metrics[f's{first}']:.0%} of samples "
+                f"at severity {first}",
+                severity=Severity.MEDIUM,
+                metrics=metrics,
+                gate=gate_text,
+                message=f"{pert.name} changes what the caption means, yet the image matches the changed caption "
+                f"as well as the true one in {1 - metrics[f's{first}']:.0%} of samples",
+                suggestion=_SUGGEST_SENSITIVITY.get(pert.name, "train with hard negatives of this kind"),
+                evidence=evidence,
+            )
+        return self.finding(
+            ctx,
+            Verdict.PASS,
+            f"{pert.name}: the model notices the change in >= {g.min_discrimination:.0%} of samples",
+            metrics=metrics,
+            gate=gate_text,
+            message=f"mean discrimination {metrics['mean_discrimination']:.2f}",
+            evidence=evidence,
+        )
+
+    # --- summary ---------------------------------------------------------------------------------
+
+    def _summary(
+        self,
+        ctx: CheckContext,
+        outcomes: list[_Outcome],
+        cases: list[_Case],
+        data: Dataset,
+        images: list[Any],
+        captions: list[str],
+        skipped: dict[str, list[str]],
+        constraint: Any,
+    ) -> Finding:
+        p = self.params
+        g = self.gate
+        by_group: dict[str, list[float]] = {}
+        per_perturbation: dict[str, float] = {}
+        for o in outcomes:
+            if not o.in_score:
+                continue
+            capped = [min(1.0, r) for r in o.relative.values()]
+            by_group.setdefault(o.group, []).extend(capped)
+            per_perturbation[o.name] = round(float(np.mean(capped)), 6)
+        groups = {name: float(np.mean(values)) for name, values in by_group.items()}
+        score = float(np.mean(list(groups.values())))
+        metrics = {"score": score, "mmi": 1.0 - score, "perturbations": float(len(per_perturbation))}
+        metrics.update({f"group_{name}": value for name, value in groups.items()})
+        worst, artifacts = self._worst(ctx, cases, data, images, captions)
+        evidence: dict[str, Any] = {
+            "perturbation": "whole sweep",
+            "metric": "per-sample score drop",
+            "score": "mmi",
+            "score_definition": SCORE_DEFINITION,
+            "groups": {name: round(v, 6) for name, v in groups.items()},
+            "per_perturbation": per_perturbation,
+            "severities": list(p.severities),
+            "samples": len(data),
+            "seed": ctx.seed,
+            "skipped": {why: names for why, names in skipped.items()},
+            "worst_cases": worst,
+        }
+        if constraint is not None:
+            evidence["meaning_constraint"] = constraint.describe()
+        weakest = min(groups, key=lambda k: groups[k])
+        title = (
+            f"robustness score {score:.2f} (MMI {1 - score:.1%} mean relative drop) over {len(per_perturbation)} "
+            f"perturbations in {len(groups)} groups; weakest: {weakest} {groups[weakest]:.2f}"
+        )
+        message = SCORE_DEFINITION
+        if g.min_score is not None and score < g.min_score:
+            return self.finding(
+                ctx, Verdict.FAIL, title, severity=Severity.MEDIUM, metrics=metrics,
+                gate=f"robustness score >= {g.min_score}", message=message, evidence=evidence, artifacts=artifacts,
+                suggestion=_SUGGEST.get(weakest, "augment training for the weakest group"),
+            )  # fmt: skip
+        gate = f"robustness score >= {g.min_score}" if g.min_score is not None else "reported, not gated"
+        return self.finding(
+            ctx, Verdict.PASS, title, metrics=metrics, gate=gate, message=message, evidence=evidence,
+            artifacts=artifacts,
+        )  # fmt: skip
+
+    def _worst(
+        self, ctx: CheckContext, cases: list[_Case], data: Dataset, images: list[Any], captions: list[str]
+    ) -> tuple[list[dict[str, Any]], list[Artifact]]:
+        """The largest per-sample drops of the sweep (at most two per perturbation), with evidence."""
+        p = self.params
+        chosen: list[_Case] = []
+        per_pert: dict[str, int] = {}
+        for case in sorted(cases, key=lambda c: (-c.drop, c.severity, c.perturbation, c.index)):
+            if len(chosen) >= p.worst_cases:
+                break
+            if per_pert.get(case.perturbation, 0) >= 2:
+                continue
+            per_pert[case.perturbation] = per_pert.get(case.perturbation, 0) + 1
+            chosen.append(case)
+        records, artifacts = [], []
+        for rank, case in enumerate(chosen, 1):
+            record = self._case_record(case, data)
+            record["rank"] = rank
+            clean_image = images[case.index] if images else None
+            clean_text = captions[case.index] if captions else None
+            perturbed_image, perturbed_text = _split(case.perturbed)
+            if clean_image is not None and perturbed_image is not None:
+                stem = safe_name(
+                    f"{ctx.check_id}-worst{rank:02d}-{case.perturbation}-s{case.severity}-{data[case.index].id}"
+                )
+                record["clean_artifact"] = f"{stem}-clean.png"
+                record["perturbed_artifact"] = f"{stem}-perturbed.png"
+                record["side_by_side_artifact"] = f"{stem}-side-by-side.png"
+                artifacts += [
+                    image_artifact(record["clean_artifact"], clean_image),
+                    image_artifact(record["perturbed_artifact"], _rgb(perturbed_image)),
+                    image_artifact(record["side_by_side_artifact"], side_by_side(clean_image, perturbed_image)),
+                ]
+            if perturbed_text is not None:
+                record["clean_text"] = clean_text
+                record["perturbed_text"] = perturbed_text
+            records.append(record)
+        return records, artifacts
+
+
+def _split(perturbed: Any) -> tuple[Any, str | None]:
+    if isinstance(perturbed, MultimodalSample):
+        return perturbed.image, perturbed.text
+    if isinstance(perturbed, str):
+        return None, perturbed
+    return perturbed, None
+
+
+def _rgb(image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    if image.ndim == 2:
+        return np.repeat(image[..., None], 3, axis=2)
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return np.ascontiguousarray(image[..., :3])
+
+
+def side_by_side(clean: npt.NDArray[np.uint8], perturbed: npt.NDArray[np.uint8], gap: int = 4) -> npt.NDArray[np.uint8]:
+    """Clean (left) and perturbed (right) on one white canvas, top-aligned."""
+    a, b = _rgb(clean), _rgb(perturbed)
+    h = max(a.shape[0], b.shape[0])
+    canvas = np.full((h, a.shape[1] + gap + b.shape[1], 3), 255, np.uint8)
+    canvas[: a.shape[0], : a.shape[1]] = a
+    canvas[: b.shape[0], a.shape[1] + gap :] = b
+    return canvas
+
+
+def _unit_embeddings(state: _RunState, target: Target, method: str, items: Sequence[Any], batch: int) -> Any:
+    """Unit embeddings of the clean images or captions, computed once per run."""
+    if method not in state.embeddings:
+        parts = [np.asarray(getattr(target, method)(items[i : i + batch]), dtype=np.float32)
+                 for i in range(0, len(items), batch)]  # fmt: skip
+        state.embeddings[method] = _unit(np.concatenate(parts, axis=0))
+    return state.embeddings[method]
+
+
+def _unit(x: Any) -> Any:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+_SUGGEST = {
+    "noise": "add noise augmentation in training, or denoise before the encoder",
+    "blur": "add blur augmentation; reject images below a sharpness threshold at the gateway",
+    "weather": "augment with weather and lens effects (fog, frost, snow, over-exposure)",
+    "digital": "avoid re-encoding at low JPEG quality in the upload path; augment with compression and resampling",
+    "deployment": "fix the serving path (EXIF, colour order, resize chain) and augment with camera/occlusion effects",
+    "typographic": "CLIP-style models read text in images: mask rendered text, or train with typographic negatives",
+    "text-char": "normalise text (NFKC, confusables, zero-width, whitespace) before tokenising; augment with typos",
+    "text-word": "augment captions with paraphrases and word-order changes; check truncation at the context limit",
+    "multimodal": "detect a missing or blank modality before inference and answer it explicitly",
+}
+_SUGGEST_SENSITIVITY = {
+    "negation": "CLIP-style encoders ignore negation: do not rely on negated prompts, or fine-tune with negated "
+    "hard negatives",
+    "attribute_swap": "train with attribute-swapped hard negatives (colour/shape/position binding)",
+    "caption_mismatch": "add an image-text agreement check (similarity threshold) before trusting a pair",
+}

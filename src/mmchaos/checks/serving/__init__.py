@@ -1,0 +1,1 @@
+"""Step 6, serving: faults, poison requests, overload and resilience against a live endpoint."""

@@ -1,0 +1,84 @@
+"""The one loopback rule: mmchaos sends traffic only to this machine unless the user allows more.
+
+Every place that opens a connection on the user's behalf (the load driver, the serving budget,
+the ``openai:`` target, the fault proxy's listen/upstream/control addresses) asks these functions,
+so there is one definition of "loopback" (IPv4-mapped IPv6 unwrapped, scope ids dropped) and one
+error code, :data:`REMOTE_REFUSED`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = [
+    "REMOTE_REFUSED",
+    "is_loopback_address",
+    "is_loopback_host",
+    "literal_ip",
+    "non_loopback",
+    "resolve",
+    "resolve_async",
+]
+
+REMOTE_REFUSED = "remote_not_allowed"
+"""The error code of every refusal to reach a host that is not loopback."""
+
+Resolver = Callable[..., list[tuple[Any, ...]]]
+
+
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(address.strip("[]").split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def literal_ip(host: str) -> bool:
+    """Whether ``host`` is an IP address literal (brackets and a scope id allowed)."""
+    try:
+        _ip(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether an IP address literal is loopback (``::ffff:127.0.0.1`` included)."""
+    try:
+        return _ip(address).is_loopback
+    except ValueError:
+        return False
+
+
+def non_loopback(addresses: Iterable[str]) -> list[str]:
+    """The addresses of ``addresses`` that are not loopback, sorted."""
+    return sorted({a for a in addresses if not is_loopback_address(a)})
+
+
+def resolve(host: str, port: int = 0, resolver: Resolver = socket.getaddrinfo) -> list[str]:
+    """Every address ``host`` names (itself when it is a literal); raises OSError when unresolvable."""
+    if literal_ip(host):
+        return [host.strip("[]").split("%", 1)[0]]
+    infos = resolver(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]).split("%", 1)[0] for info in infos})
+
+
+async def resolve_async(host: str, port: int = 0) -> list[str]:
+    """:func:`resolve` without blocking the event loop."""
+    if literal_ip(host):
+        return [host.strip("[]").split("%", 1)[0]]
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]).split("%", 1)[0] for info in infos})
+
+
+def is_loopback_host(host: str, resolver: Resolver = socket.getaddrinfo) -> bool:
+    """Whether ``host`` is, or resolves only to, loopback addresses (unresolvable: False)."""
+    try:
+        addresses = resolve(host, 0, resolver)
+    except OSError:
+        return False
+    return bool(addresses) and not non_loopback(addresses)

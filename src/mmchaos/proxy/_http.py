@@ -1,0 +1,257 @@
+"""A small asyncio HTTP/1.1 server for the control API and the echo upstream.
+
+Keep-alive, Content-Length and chunked request bodies, chunked streaming responses. Not a
+general web server: it exists so the proxy's control plane and the test upstream need no extra
+dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlsplit
+
+from mmchaos.errors import ConfigError
+from mmchaos.proxy.config import parse_hostport
+
+__all__ = ["HttpServer", "Request", "Response"]
+
+log = logging.getLogger(__name__)
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.target).path
+
+    @property
+    def query(self) -> dict[str, str]:
+        return dict(parse_qsl(urlsplit(self.target).query))
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        return "close" not in conn and (self.version == "HTTP/1.1" or "keep-alive" in conn)
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str | None = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: AsyncIterator[bytes] | None = None
+
+    @classmethod
+    def json(cls, obj: Any, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
+        return cls(status, json.dumps(obj).encode(), "application/json", headers or [])
+
+    @classmethod
+    def error(cls, status: int, message: str, code: str | None = None) -> Response:
+        return cls.json({"error": message, "status": status, **({"code": code} if code else {})}, status)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request | None:
+    """One request from the stream; None on a clean close between requests."""
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial.strip():
+            return None
+        raise BadRequest(400, "incomplete request head") from None
+    except asyncio.LimitOverrunError:
+        raise BadRequest(431, "request head too large") from None
+    lines = raw.decode("latin-1").rstrip("\r\n").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequest(400, "bad request line")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise BadRequest(400, "bad header line")
+        key = name.strip().lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    req = Request(parts[0], parts[1], parts[2], headers)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        chunks = []
+        total = 0
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            try:
+                size = int(size_line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise BadRequest(400, "bad chunk size") from None
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass
+                break
+            total += size
+            if total > max_body:
+                raise BadRequest(413, "request body too large")
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        req.body = b"".join(chunks)
+    elif "content-length" in headers:
+        try:
+            length = int(headers["content-length"])
+        except ValueError:
+            raise BadRequest(400, "bad Content-Length") from None
+        if length > max_body:
+            raise BadRequest(413, "request body too large")
+        req.body = await reader.readexactly(length)
+    return req
+
+
+def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def write_response(writer: asyncio.StreamWriter, resp: Response, *, keep_alive: bool, head_only: bool) -> None:
+    headers = list(resp.headers)
+    if resp.status in (204, 304) or 100 <= resp.status < 200:
+        writer.write(_head(resp.status, [*headers, ("Connection", "keep-alive" if keep_alive else "close")]))
+        await writer.drain()  # no body and no body headers (RFC 9110 6.4.1)
+        return
+    if resp.content_type is not None:
+        headers.append(("Content-Type", resp.content_type))
+    headers.append(("Connection", "keep-alive" if keep_alive else "close"))
+    if resp.stream is None:
+        headers.append(("Content-Length", str(len(resp.body))))
+        writer.write(_head(resp.status, headers) + (b"" if head_only else resp.body))
+        await writer.drain()
+        return
+    headers.append(("Transfer-Encoding", "chunked"))
+    writer.write(_head(resp.status, headers))
+    await writer.drain()
+    if head_only:
+        return
+    async for piece in resp.stream:
+        if piece:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+class HttpServer:
+    """Serves ``handler`` on ``listen`` until stopped; ``stop`` closes every connection."""
+
+    def __init__(self, handler: Handler, *, listen: str = "127.0.0.1:0", max_body: int = 64 << 20) -> None:
+        self._handler = handler
+        self._listen = parse_hostport(listen, what="listen")
+        self._max_body = max_body
+        self._server: asyncio.Server | None = None
+        self._bound: tuple[str, int] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        host, port = self._listen
+        try:
+            self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code="listen_failed") from None
+        self._bound = (host, int(self._server.sockets[0].getsockname()[1]))
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # stop listening; connections are closed below (3.12+ waits for them)
+        for writer in list(self._writers):
+            writer.close()  # idle connections end on their own once their reader sees the close
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=0.2)
+        for task in list(self._tasks):
+            task.cancel()  # handlers still busy (a delay, a stream)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2.0)
+        if server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._bound is None:
+            raise RuntimeError("server not started")
+        return self._bound
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    req = await read_request(reader, self._max_body)
+                except BadRequest as exc:
+                    await write_response(
+                        writer, Response.error(exc.status, str(exc)), keep_alive=False, head_only=False
+                    )
+                    return
+                if req is None:
+                    return
+                try:
+                    resp = await self._handler(req)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.exception("handler failed for %s %s", req.method, req.target)
+                    resp = Response.error(500, f"internal error: {type(exc).__name__}")
+                keep = req.keep_alive
+                await write_response(writer, resp, keep_alive=keep, head_only=req.method == "HEAD")
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        except asyncio.CancelledError:
+            pass  # stop() cancels busy handlers; nobody awaits this task but stop() itself
+        finally:
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()

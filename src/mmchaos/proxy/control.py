@@ -1,0 +1,221 @@
+"""The control API: toxiproxy's REST API (JSON over HTTP) plus Prometheus ``/metrics``.
+
+    GET    /version
+    GET    /proxies                          {name: proxy}
+    POST   /proxies                          create {name, listen, upstream, enabled}
+    POST   /populate                         create or replace a list of proxies
+    GET    /proxies/{proxy}
+    POST   /proxies/{proxy}                  {"enabled": bool}
+    DELETE /proxies/{proxy}
+    GET    /proxies/{proxy}/toxics
+    POST   /proxies/{proxy}/toxics           add {name, type, stream, toxicity, attributes}
+    GET    /proxies/{proxy}/toxics/{toxic}
+    POST   /proxies/{proxy}/toxics/{toxic}   update (attributes merge)
+    DELETE /proxies/{proxy}/toxics/{toxic}
+    POST   /reset                            enable every proxy, remove every toxic
+    GET    /metrics                          Prometheus text format
+
+Errors are ``{"error": message, "status": code, "code": stable_code}`` like toxiproxy's, with
+mmchaos's stable code added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import unquote
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mmchaos.errors import ConfigError, MMChaosError, UnknownNameError
+from mmchaos.proxy._http import HttpServer, Request, Response
+from mmchaos.proxy.config import ProxyConfig
+from mmchaos.proxy.proxy import FaultProxy
+
+__all__ = ["ControlServer", "render_metrics"]
+
+
+class _ProxyCollector:
+    def __init__(self, proxies: Iterable[FaultProxy]) -> None:
+        self._proxies = list(proxies)
+
+    def collect(self) -> Iterator[Metric]:
+        conns = CounterMetricFamily("mmchaos_proxy_connections", "Client connections accepted", labels=["proxy"])
+        active = GaugeMetricFamily("mmchaos_proxy_connections_active", "Client connections open now", labels=["proxy"])
+        errors = CounterMetricFamily(
+            "mmchaos_proxy_upstream_errors", "Connections whose upstream could not be reached", labels=["proxy"]
+        )
+        received = CounterMetricFamily(
+            "mmchaos_proxy_received_bytes", "Bytes read, by direction", labels=["proxy", "direction"]
+        )
+        sent = CounterMetricFamily(
+            "mmchaos_proxy_sent_bytes", "Bytes forwarded, by direction", labels=["proxy", "direction"]
+        )
+        faults = CounterMetricFamily(
+            "mmchaos_proxy_faults",
+            "Faults applied: TCP toxics per connection they hold, HTTP toxics per response",
+            labels=["proxy", "toxic", "type"],
+        )
+        enabled = GaugeMetricFamily("mmchaos_proxy_enabled", "1 while the proxy accepts connections", labels=["proxy"])
+        toxics = GaugeMetricFamily("mmchaos_proxy_toxics", "Toxics configured now", labels=["proxy"])
+        for proxy in self._proxies:
+            s = proxy.snapshot()
+            conns.add_metric([proxy.name], s.connections_total)
+            active.add_metric([proxy.name], s.connections_active)
+            errors.add_metric([proxy.name], s.upstream_errors)
+            for direction in ("upstream", "downstream"):
+                received.add_metric([proxy.name, direction], s.received[direction])
+                sent.add_metric([proxy.name, direction], s.sent[direction])
+            for (toxic, kind), n in sorted(s.faults.items()):
+                faults.add_metric([proxy.name, toxic, kind], n)
+            enabled.add_metric([proxy.name], 1.0 if proxy.enabled else 0.0)
+            toxics.add_metric([proxy.name], len(proxy.toxics))
+        yield from (conns, active, errors, received, sent, faults, enabled, toxics)
+
+
+def render_metrics(proxies: Iterable[FaultProxy]) -> bytes:
+    """The proxies' counters in the Prometheus text format, from a private registry."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ProxyCollector(proxies))
+    return generate_latest(registry)
+
+
+def _body(req: Request) -> Any:
+    try:
+        return req.json() if req.body.strip() else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"request body is not JSON: {exc}", code="control_bad_json") from None
+
+
+class ControlServer(HttpServer):
+    """Serves the control API over ``proxies``; proxies created through it are stopped with it."""
+
+    def __init__(self, proxies: Iterable[FaultProxy] = (), *, listen: str = "127.0.0.1:8474") -> None:
+        super().__init__(self._handle, listen=listen, max_body=1 << 20)
+        self.proxies: dict[str, FaultProxy] = {p.name: p for p in proxies}
+        self._owned: set[str] = set()
+
+    async def stop(self) -> None:
+        await super().stop()
+        for name in list(self._owned):
+            await self.proxies.pop(name).stop()
+        self._owned.clear()
+
+    async def _handle(self, req: Request) -> Response:
+        try:
+            return await self._route(req)
+        except UnknownNameError as exc:
+            return Response.error(400 if exc.code == "unknown_toxic" else 404, exc.message, exc.code)
+        except ConfigError as exc:
+            status = 409 if exc.code in ("toxic_exists", "proxy_exists") else 400
+            return Response.error(status, exc.message, exc.code)
+        except MMChaosError as exc:
+            return Response.error(400, exc.message, exc.code)
+
+    def _proxy(self, name: str) -> FaultProxy:
+        try:
+            return self.proxies[name]
+        except KeyError:
+            raise UnknownNameError(f"no proxy named {name!r}", code="proxy_not_found") from None
+
+    async def _route(self, req: Request) -> Response:
+        method, path = req.method, req.path
+        if path == "/metrics" and method == "GET":
+            return Response(200, render_metrics(self.proxies.values()), CONTENT_TYPE_LATEST)
+        if path == "/version" and method == "GET":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                v = version("mmchaos")
+            except PackageNotFoundError:
+                v = "unknown"
+            return Response.json({"version": v, "api": "toxiproxy-compatible"})
+        if path == "/reset" and method == "POST":
+            for proxy in self.proxies.values():
+                await proxy.reset()
+            return Response(204, content_type=None)
+        if path == "/populate" and method == "POST":
+            body = _body(req)
+            if not isinstance(body, list):
+                raise ConfigError("populate takes a list of proxies", code="config_invalid_proxy")
+            configs = [ProxyConfig.parse(p) for p in body]
+            created = []
+            for config in configs:
+                if config.name in self.proxies:
+                    await self._delete(config.name)
+                created.append(await self._create(config))
+            return Response.json({"proxies": [p.to_json() for p in created]}, 201)
+        parts = [unquote(p) for p in path.split("/") if p]
+        if not parts or parts[0] != "proxies" or len(parts) > 4 or (len(parts) >= 3 and parts[2] != "toxics"):
+            return Response.error(404, f"no route {method} {path}", "control_no_route")
+        name = parts[1] if len(parts) > 1 else None
+        toxic_name = parts[3] if len(parts) > 3 else None
+        if name is None:
+            if method == "GET":
+                return Response.json({n: p.to_json() for n, p in self.proxies.items()})
+            if method == "POST":
+                body = _body(req)
+                if not isinstance(body, dict):
+                    raise ConfigError("a proxy must be a JSON object", code="config_invalid_proxy")
+                config = ProxyConfig.parse(body)
+                if config.name in self.proxies:
+                    raise ConfigError(f"proxy {config.name!r} already exists", code="proxy_exists")
+                return Response.json((await self._create(config)).to_json(), 201)
+            return Response.error(405, f"{method} not allowed on /proxies", "control_method")
+        proxy = self._proxy(name)
+        if len(parts) == 2:
+            if method == "GET":
+                return Response.json(proxy.to_json())
+            if method == "POST":
+                body = _body(req)
+                if not isinstance(body, dict) or set(body) - {"enabled", "name", "listen", "upstream"}:
+                    raise ConfigError("a proxy update takes 'enabled'", code="config_invalid_proxy")
+                for key in ("listen", "upstream"):
+                    if key in body and body[key] != getattr(proxy, key):
+                        raise ConfigError(
+                            f"changing {key} is not supported; delete and re-create", code="config_invalid"
+                        )
+                if "enabled" in body:
+                    if not isinstance(body["enabled"], bool):
+                        raise ConfigError("enabled must be true or false", code="config_invalid_proxy")
+                    await proxy.set_enabled(body["enabled"])
+                return Response.json(proxy.to_json())
+            if method == "DELETE":
+                await self._delete(name)
+                return Response(204, content_type=None)
+            return Response.error(405, f"{method} not allowed here", "control_method")
+        if toxic_name is None:
+            if method == "GET":
+                return Response.json([t.model_dump(mode="json") for t in proxy.toxics])
+            if method == "POST":
+                body = _body(req)
+                if not isinstance(body, dict):
+                    raise ConfigError("a toxic must be a JSON object", code="config_invalid_toxic")
+                return Response.json(proxy.add_toxic(body).model_dump(mode="json"))
+            return Response.error(405, f"{method} not allowed here", "control_method")
+        if method == "GET":
+            return Response.json(proxy.get_toxic(toxic_name).model_dump(mode="json"))
+        if method == "POST":
+            body = _body(req)
+            if not isinstance(body, dict):
+                raise ConfigError("a toxic update must be a JSON object", code="config_invalid_toxic")
+            return Response.json(proxy.update_toxic(toxic_name, body).model_dump(mode="json"))
+        if method == "DELETE":
+            proxy.remove_toxic(toxic_name)
+            return Response(204, content_type=None)
+        return Response.error(405, f"{method} not allowed here", "control_method")
+
+    async def _create(self, config: ProxyConfig) -> FaultProxy:
+        proxy = FaultProxy.from_config(config)
+        await proxy.start()
+        self.proxies[config.name] = proxy
+        self._owned.add(config.name)
+        return proxy
+
+    async def _delete(self, name: str) -> None:
+        proxy = self._proxy(name)
+        await proxy.stop()
+        del self.proxies[name]
+        self._owned.discard(name)
