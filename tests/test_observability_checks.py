@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from mmchaos.checks.base import Check, CheckContext
-from mmchaos.checks.observability.checks import DriftDetection, MetricsExposure
+from mmchaos.checks.observability.drift_detection import DriftDetection
+from mmchaos.checks.observability.metrics_exposure import MetricsExposure
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
