@@ -3,14 +3,20 @@
 Scrape ``/metrics`` before and after a little traffic (good texts and images, a malformed request)
 and check the expected series exist and move: request latency (per modality where exported), guard
 states, error answers by code.
+
+Servers name their metrics differently, so the expectations come from naming conventions: the
+reference server's ``mmchaos_*``, vLLM's ``vllm:*``, prometheus-fastapi-instrumentator's
+``http_*`` and OpenTelemetry's HTTP semantic conventions. A convention applies when its
+request-latency series is on ``/metrics``; a server that exports none of them fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Literal
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mmchaos.chaos.budget import ErrorInspector, RequestLedger, budgeted_transports
 from mmchaos.chaos.deployment import Deployment
@@ -24,21 +30,51 @@ from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["DEFAULT_SERIES", "MetricsExposure", "SeriesSpec"]
+__all__ = ["CONVENTIONS", "DEFAULT_SERIES", "MetricsExposure", "SeriesSpec", "exposed_conventions"]
 
 _MODALITY_CAP = {"image": Capability.EMBED_IMAGE, "text": Capability.EMBED_TEXT}
+
+
+_SAMPLE_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 
 
 class SeriesSpec(Spec):
     """A series that must be on /metrics: a sample name and a subset of its labels."""
 
     group: Literal["latency", "guards", "errors", "traffic"]
-    name: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", description="sample name, e.g. ..._count, ..._total")
+    name: str = Field(pattern=_SAMPLE_NAME, description="sample name, e.g. ..._count, ..._total")
+    aliases: list[Annotated[str, Field(pattern=_SAMPLE_NAME)]] = Field(
+        default_factory=list, description="other spellings of the same series (the first one present counts)"
+    )
     labels: dict[str, str] = Field(default_factory=dict)
+    label_match: Literal["exact", "regex"] = Field(
+        "exact", description="how label values match: equal, or a regular expression matching the whole value"
+    )
     moves: bool = Field(True, description="its value (summed over matching series) grows with the traffic")
     value: float | None = Field(None, description="its value (summed) after the traffic")
     modality: Literal["image", "text"] | None = Field(None, description="only when the target has this modality")
     what: str = ""
+
+    @model_validator(mode="after")
+    def _valid_patterns(self) -> SeriesSpec:
+        if self.label_match == "regex":
+            for key, pattern in self.labels.items():
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"label {key!r}: {pattern!r} is not a regular expression ({exc})") from None
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a sample's labels hold every label this spec asks for."""
+        if self.label_match == "exact":
+            return all(labels.get(k) == want for k, want in self.labels.items())
+        return all(k in labels and re.fullmatch(want, labels[k]) for k, want in self.labels.items())
+
+    def render(self, name: str | None = None) -> str:
+        """``name{k="v",...}``, as the evidence shows it."""
+        shown = ",".join(f'{k}{"=~" if self.label_match == "regex" else "="}"{v}"' for k, v in self.labels.items())
+        return (name or self.name) + ("{" + shown + "}" if self.labels else "")
 
 
 def _s(group: str, name: str, what: str, **kw: Any) -> SeriesSpec:
@@ -104,11 +140,60 @@ DEFAULT_SERIES: tuple[SeriesSpec, ...] = (
 )
 
 
+ConventionName = Literal["mmchaos", "vllm", "fastapi_instrumentator", "opentelemetry"]
+
+CONVENTIONS: dict[ConventionName, tuple[SeriesSpec, ...]] = {
+    # The first series of each is its request-latency series: the convention applies when it is exported.
+    "mmchaos": DEFAULT_SERIES,
+    "vllm": (
+        _s("latency", "vllm:e2e_request_latency_seconds_count", "end-to-end request latency (vLLM)"),
+        _s("traffic", "vllm:num_requests_running", "requests running (vLLM)", moves=False),
+    ),
+    "fastapi_instrumentator": (
+        _s("latency", "http_request_duration_seconds_count", "request latency (prometheus-fastapi-instrumentator)"),
+        _s("traffic", "http_requests_total", "2xx answers", labels={"status": "2xx"}),
+        _s("errors", "http_requests_total", "4xx answers", labels={"status": "4xx"}),
+    ),
+    "opentelemetry": (
+        _s(
+            "latency",
+            "http_server_request_duration_seconds_count",
+            "HTTP server request duration (OpenTelemetry)",
+            aliases=["http_server_request_duration_count"],
+        ),
+        _s(
+            "traffic",
+            "http_server_request_duration_seconds_count",
+            "2xx answers",
+            aliases=["http_server_request_duration_count"],
+            labels={"http_response_status_code": "2[0-9][0-9]"},
+            label_match="regex",
+        ),
+        _s(
+            "errors",
+            "http_server_request_duration_seconds_count",
+            "4xx answers",
+            aliases=["http_server_request_duration_count"],
+            labels={"http_response_status_code": "4[0-9][0-9]"},
+            label_match="regex",
+        ),
+    ),
+}
+"""What each server family exports, by its own names (vLLM's /metrics also carries the instrumentator's)."""
+
+
 class MetricsExposureParams(Params):
     requests_per_modality: int = Field(5, ge=1, le=1000)
     malformed_requests: int = Field(2, ge=0, le=100, description="requests that must be refused (error series)")
     metrics_path: str = Field("/metrics", pattern=r"^/")
-    expect: list[SeriesSpec] = Field(default_factory=lambda: list(DEFAULT_SERIES))
+    conventions: list[ConventionName] = Field(
+        default_factory=lambda: list(CONVENTIONS),
+        min_length=1,
+        description="naming conventions accepted: the series of each one whose request latency is exported",
+    )
+    expect: list[SeriesSpec] | None = Field(
+        None, description="your own expected series, instead of the conventions' (null: use the conventions)"
+    )
     budget: BudgetSpec = Field(
         default_factory=lambda: BudgetSpec.model_validate({"max_requests": 500, "max_rate": 50, "max_duration_s": 60})
     )
@@ -119,23 +204,38 @@ class MetricsExposureParams(Params):
     )
 
 
-def _scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""A scrape: (sample name, sorted labels) -> value."""
+
+
+def _scrape(text: str) -> Samples:
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    out: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
     return out
 
 
-def _total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], spec: SeriesSpec) -> float | None:
-    values = [
-        v
-        for (name, labels), v in samples.items()
-        if name == spec.name and all(dict(labels).get(k) == want for k, want in spec.labels.items())
-    ]
-    return float(sum(values)) if values else None
+def _total(samples: Samples, spec: SeriesSpec, name: str | None = None) -> float | None:
+    """The sum over the series of ``name`` (default: the first of the spec's names present) whose labels match."""
+    names = [name] if name is not None else [spec.name, *spec.aliases]
+    for n in names:
+        values = [v for (sample, labels), v in samples.items() if sample == n and spec.matches(dict(labels))]
+        if values:
+            return float(sum(values))
+    return None
+
+
+def _present_name(samples: Samples, spec: SeriesSpec) -> str:
+    """The first of the spec's names that has a matching series (its main name when none has)."""
+    return next((n for n in (spec.name, *spec.aliases) if _total(samples, spec, n) is not None), spec.name)
+
+
+def exposed_conventions(samples: Samples, accepted: Sequence[ConventionName]) -> list[ConventionName]:
+    """The accepted conventions whose request-latency series is exported."""
+    return [c for c in accepted if _total(samples, CONVENTIONS[c][0]) is not None]
 
 
 class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
@@ -220,8 +320,8 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         self,
         ctx: CheckContext,
         p: MetricsExposureParams,
-        before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
-        after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+        before: Samples,
+        after: Samples,
         modalities: list[str],
         sent: dict[str, int],
         statuses: dict[str, int],
@@ -229,13 +329,40 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         budget: dict[str, Any],
     ) -> Iterator[Finding]:
         families = sorted({name for name, _ in after})
+        detected = exposed_conventions(after, list(p.conventions))
+        specs = list(p.expect) if p.expect is not None else [s for c in detected for s in CONVENTIONS[c]]
+        context = {
+            "conventions": detected,
+            "traffic": sent,
+            "answers": statuses,
+            "families_seen": families[:200],
+            "budget": budget,
+            "teardown": teardown,
+        }
+        if p.expect is None and not detected:
+            looked_for = [CONVENTIONS[c][0].render() for c in p.conventions]
+            yield self.finding(
+                ctx,
+                Verdict.FAIL,
+                "latency metrics: no request-latency metric of a known convention on " + p.metrics_path,
+                severity=Severity.MEDIUM,
+                metrics={"expected": 1.0, "missing_or_static": 1.0},
+                gate="the request-latency series of one accepted convention (" + ", ".join(p.conventions) + ")",
+                message="looked for " + ", ".join(looked_for),
+                suggestion=(
+                    "export a request-latency histogram (vLLM, prometheus-fastapi-instrumentator and OpenTelemetry "
+                    "names are understood), or give your server's series as `expect:`"
+                ),
+                evidence=jsonable({"series": [], "looked_for": looked_for, **context}),
+            )
         groups: dict[str, list[dict[str, Any]]] = {}
-        for spec in p.expect:
+        for spec in specs:
             if spec.modality is not None and spec.modality not in modalities:
                 continue
             if spec.group == "errors" and not p.malformed_requests:
                 continue
-            b, a = _total(before, spec), _total(after, spec)
+            name = _present_name(after, spec)
+            b, a = _total(before, spec, name), _total(after, spec, name)
             problem = None
             if a is None:
                 problem = "missing"
@@ -244,14 +371,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
             elif spec.value is not None and abs(a - spec.value) > 1e-9:
                 problem = f"is {a}, expected {spec.value}"
             groups.setdefault(spec.group, []).append(
-                {
-                    "series": spec.name
-                    + ("{" + ",".join(f'{k}="{v}"' for k, v in spec.labels.items()) + "}" if spec.labels else ""),
-                    "what": spec.what,
-                    "before": b,
-                    "after": a,
-                    "problem": problem,
-                }
+                {"series": spec.render(name), "what": spec.what, "before": b, "after": a, "problem": problem}
             )
         for group, rows in groups.items():
             bad = [r for r in rows if r["problem"]]
@@ -275,16 +395,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
                     if bad
                     else ""
                 ),
-                evidence=jsonable(
-                    {
-                        "series": rows,
-                        "traffic": sent,
-                        "answers": statuses,
-                        "families_seen": families[:200],
-                        "budget": budget,
-                        "teardown": teardown,
-                    }
-                ),
+                evidence=jsonable({"series": rows, **context}),
             )
         if teardown and not teardown.get("clean", True):
             yield self.finding(
