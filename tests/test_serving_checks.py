@@ -169,6 +169,32 @@ def test_typed_errors_are_openai_json_and_nothing_else() -> None:
         assert is_typed_error(body) == (False, None)
 
 
+def test_an_experiment_builds_one_tls_context_however_many_load_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each load phase used to build a new httpx transport and with it a new SSL context (certifi's CA
+    bundle parsed again: tens of ms of CPU a phase, ~50 phases a serving_faults run). The spy counts
+    the stdlib's context constructor; the phases themselves run for real against the server."""
+    import ssl
+
+    from mmchaos.chaos.experiment import Experiment
+    from mmchaos.chaos.spec import ServingParams
+
+    made: list[int] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    params = ServingParams.model_validate({**FAST, "warmup_requests": 0})
+    ctx = CheckContext(target=HashEmbedTarget(), dataset=DATA, seed=0, check_id="tls")
+    with Experiment(ctx, params, title="tls", description="phases share one TLS context", proxy=False) as ex:
+        monkeypatch.setattr(ssl, "create_default_context", counting)
+        phases = [ex.phase(f"load{i}", seconds=0.3, guarded=False) for i in range(3)]
+    assert all(ph.result is not None and ph.result.ok > 0 for ph in phases)
+    assert len(made) <= 1, f"{len(made)} SSL contexts for {len(phases)} phases"
+    assert ex.finish()["teardown"]["clean"]
+
+
 # --- end to end --------------------------------------------------------------------------------------
 
 

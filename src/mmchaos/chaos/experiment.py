@@ -33,6 +33,8 @@ from mmchaos.chaos.windows import Phase, WindowTracker
 from mmchaos.targets.base import Target
 
 if TYPE_CHECKING:
+    import ssl
+
     from mmchaos.chaos.load import LoadResult, PayloadMix, RequestRecord
 
 __all__ = ["Experiment", "jsonable"]
@@ -86,6 +88,7 @@ class Experiment:
         self._phase_no = 0
         self._t0 = time.monotonic()
         self._mix: PayloadMix | None = None
+        self._tls: ssl.SSLContext | None = None
         self.teardown: dict[str, Any] = {}
         self.journal: dict[str, Any] = {
             "mmchaos-version": __version__,
@@ -198,6 +201,16 @@ class Experiment:
         return j
 
     # -- the method ---------------------------------------------------------------------------------
+
+    @property
+    def tls(self) -> ssl.SSLContext:
+        """One TLS context for every client of the experiment: httpx builds a new one (the CA bundle
+        parsed again) for each transport made without it, and each load phase makes a transport."""
+        if self._tls is None:
+            import httpx
+
+            self._tls = httpx.create_ssl_context()
+        return self._tls
 
     @property
     def mix(self) -> PayloadMix:
@@ -316,7 +329,8 @@ class Experiment:
         async_cls, _ = budgeted_transports()
         p = self.params
         inner = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+            verify=self.tls,  # fresh connections each phase (its own event loop), one TLS context
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         )
         transport = async_cls(inner, self.ledger, self.inspector)
         cfg = LoadConfig(

@@ -184,7 +184,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
         try:
             failing = ex.phase("model_failing", seconds=p.failure_s, guarded=False, activity="action")
             if breaker.state.value in ("open", "forced_open"):
-                with httpx.Client(base_url=ex.dep.root, trust_env=False, timeout=5.0) as c:
+                with httpx.Client(base_url=ex.dep.root, trust_env=False, timeout=5.0, verify=ex.tls) as c:
                     ready_while_open = c.get("/readyz").status_code
         finally:
             switch.failing = False
@@ -271,7 +271,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
         image = np.full((32, 32, 3), 120, np.uint8)
 
         def client(max_retries: int) -> tuple[OpenAITarget, Any]:
-            transport = sync_cls(httpx.HTTPTransport(), ex.ledger, ex.inspector)
+            transport = sync_cls(httpx.HTTPTransport(verify=ex.tls), ex.ledger, ex.inspector)
             target = OpenAITarget(
                 f"{ex.dep.url}{ex.dep.prefix}",
                 model=ex.dep.model,
