@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from mmchaos.chaos import experiment as _serving
-from mmchaos.chaos.experiment import BudgetExhausted, BudgetSpec, RequestLedger, is_typed_error, port_open
+from mmchaos.chaos.budget import BudgetExhausted, RequestLedger, is_typed_error
+from mmchaos.chaos.deployment import Deployment, port_open
+from mmchaos.chaos.spec import BudgetSpec
 from mmchaos.checks.base import Check, CheckContext
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
@@ -168,6 +169,32 @@ def test_typed_errors_are_openai_json_and_nothing_else() -> None:
         assert is_typed_error(body) == (False, None)
 
 
+def test_an_experiment_builds_one_tls_context_however_many_load_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each load phase used to build a new httpx transport and with it a new SSL context (certifi's CA
+    bundle parsed again: tens of ms of CPU a phase, ~50 phases a serving_faults run). The spy counts
+    the stdlib's context constructor; the phases themselves run for real against the server."""
+    import ssl
+
+    from mmchaos.chaos.experiment import Experiment
+    from mmchaos.chaos.spec import ServingParams
+
+    made: list[int] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    params = ServingParams.model_validate({**FAST, "warmup_requests": 0})
+    ctx = CheckContext(target=HashEmbedTarget(), dataset=DATA, seed=0, check_id="tls")
+    with Experiment(ctx, params, title="tls", description="phases share one TLS context", proxy=False) as ex:
+        monkeypatch.setattr(ssl, "create_default_context", counting)
+        phases = [ex.phase(f"load{i}", seconds=0.3, guarded=False) for i in range(3)]
+    assert all(ph.result is not None and ph.result.ok > 0 for ph in phases)
+    assert len(made) <= 1, f"{len(made)} SSL contexts for {len(phases)} phases"
+    assert ex.finish()["teardown"]["clean"]
+
+
 # --- end to end --------------------------------------------------------------------------------------
 
 
@@ -258,7 +285,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
 
 
 def test_faults_flag_error_pages_that_are_not_openai_json() -> None:
-    from mmchaos.checks.serving.checks import ServingFaults
+    from mmchaos.checks.serving.faults import ServingFaults
 
     gateway = {
         "type": "http_status",
@@ -287,17 +314,17 @@ def test_faults_flag_error_pages_that_are_not_openai_json() -> None:
 
 
 def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmchaos.checks.serving.checks import ServingFaults
+    from mmchaos.checks.serving.faults import ServingFaults
 
     target = DegradingTarget()
-    add = _serving.Deployment.add_toxic
+    add = Deployment.add_toxic
 
-    def add_and_degrade(self: _serving.Deployment, toxic: Any) -> str:
+    def add_and_degrade(self: Deployment, toxic: Any) -> str:
         name = add(self, toxic)
         target.degrade.set()  # the service degrades while the first fault is in
         return name
 
-    monkeypatch.setattr(_serving.Deployment, "add_toxic", add_and_degrade)
+    monkeypatch.setattr(Deployment, "add_toxic", add_and_degrade)
     params = {
         **FAST,
         "faults": ["latency", "reset_peer"],
@@ -325,7 +352,7 @@ def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(mon
 
 
 def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
-    from mmchaos.checks.serving.checks import ServingPoison
+    from mmchaos.checks.serving.poison import ServingPoison
 
     good = run(
         ServingPoison,
@@ -349,7 +376,7 @@ def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
 
 
 def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> None:
-    from mmchaos.checks.serving.checks import ServingOverload
+    from mmchaos.checks.serving.overload import ServingOverload
 
     params = {
         **FAST,
@@ -368,7 +395,7 @@ def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> Non
 
 
 def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries() -> None:
-    from mmchaos.checks.serving.checks import ServingResilience
+    from mmchaos.checks.serving.resilience import ServingResilience
 
     never = {"minimum_number_of_calls": 100_000, "sliding_window_size": 100_000}
     params = {**FAST, "failure_s": 0.6, "retry_calls": 8, "client_max_retries": 0, "server": {"breaker": never}}
@@ -382,7 +409,8 @@ def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_ret
 
 
 def test_serving_checks_run_against_an_openai_endpoint() -> None:
-    from mmchaos.checks.serving.checks import ServingFaults, ServingResilience
+    from mmchaos.checks.serving.faults import ServingFaults
+    from mmchaos.checks.serving.resilience import ServingResilience
     from mmchaos.server import ServerConfig, ServerThread
     from mmchaos.targets.openai_http import OpenAITarget
 

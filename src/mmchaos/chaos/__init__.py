@@ -5,6 +5,11 @@
 Experiments read like Chaos Toolkit's: a steady-state hypothesis with tolerances, the method
 (faults injected through :mod:`mmchaos.proxy`), rollbacks that always run, and a journal. The
 load driver needs ``httpx``, imported when a run starts.
+
+One job a module: ``spec`` (typed parameters), ``budget`` (the request ledger inside the
+transport), ``windows`` (SLO windows, one load phase), ``deployment`` (server and proxy, and their
+teardown), ``payloads`` (what is sent), ``experiment`` (the experiment and its journal), ``load``
+(the bounded load driver). Nothing here imports :mod:`mmchaos.checks`; the checks use this.
 """
 
 from __future__ import annotations

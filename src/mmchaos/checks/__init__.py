@@ -21,11 +21,11 @@ for _name, _spec in {
     "thread_safety": "mmchaos.checks.integration.thread_safety:ThreadSafety",
     "determinism": "mmchaos.checks.integration.determinism:Determinism",
     "fingerprint_match": "mmchaos.checks.integration.fingerprint_match:FingerprintMatch",
-    "serving_faults": "mmchaos.checks.serving.checks:ServingFaults",
-    "serving_poison": "mmchaos.checks.serving.checks:ServingPoison",
-    "serving_overload": "mmchaos.checks.serving.checks:ServingOverload",
-    "serving_resilience": "mmchaos.checks.serving.checks:ServingResilience",
-    "drift_detection": "mmchaos.checks.observability.checks:DriftDetection",
-    "metrics_exposure": "mmchaos.checks.observability.checks:MetricsExposure",
+    "serving_faults": "mmchaos.checks.serving.faults:ServingFaults",
+    "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
+    "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",
+    "serving_resilience": "mmchaos.checks.serving.resilience:ServingResilience",
+    "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
+    "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
 }.items():
     REGISTRY.register(_name, _spec)

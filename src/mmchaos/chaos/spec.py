@@ -1,0 +1,95 @@
+"""The experiment's typed parameters: the SLO, the blast-radius budget, the good traffic.
+
+Validated at the boundary (pydantic, ``extra="forbid"``, frozen) so a bad suite file fails before
+anything starts. :class:`ExperimentContext` is a Protocol, not a check's context, so the engine never
+imports :mod:`mmchaos.checks`: the checks depend on the engine, never the reverse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mmchaos.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mmchaos.data.base import Dataset
+    from mmchaos.targets.base import Target
+
+__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "ServingParams", "Spec"]
+
+
+class Spec(BaseModel):
+    """Base of every experiment parameter model: unknown keys are an error, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLOSpec(Spec):
+    """The steady-state hypothesis: a success rate and a p99 latency, judged per window and per phase."""
+
+    min_success_rate: float = Field(0.99, ge=0.0, le=1.0, description="ok / attempted, 2xx with a valid body")
+    p99_ms: float = Field(1000.0, gt=0.0, description="p99 latency of completed requests, ms")
+    window_s: float = Field(0.5, ge=0.05, le=60.0, description="length of an SLO window, s")
+    min_window_requests: int = Field(3, ge=1, description="fewer events than this: the window is inconclusive")
+
+    def met(self, success_rate: float, p99_ms: float | None) -> bool:
+        return success_rate >= self.min_success_rate and p99_ms is not None and p99_ms <= self.p99_ms
+
+    def describe(self) -> str:
+        return f"success rate >= {self.min_success_rate:.2%} and p99 <= {self.p99_ms:g} ms"
+
+
+class BudgetSpec(Spec):
+    """The blast radius an experiment declares and never exceeds (asserted from what was sent)."""
+
+    max_requests: int = Field(10_000, ge=1, le=10_000_000)
+    max_rate: float = Field(200.0, gt=0.0, le=100_000.0, description="requests started in any 1 s window")
+    max_duration_s: float = Field(
+        180.0, gt=0.0, le=86_400.0, description="no request starts later than this after the first, s"
+    )
+    loopback_only: bool = Field(True, description="refuse any request to a host that is not loopback")
+
+
+class PayloadSpec(Spec):
+    """The good traffic: OpenAI embeddings requests built from the dataset (embeddings_mix)."""
+
+    samples: int = Field(8, ge=1, le=1024, description="dataset samples the bodies are built from")
+    large_side: int = Field(512, ge=16, le=4096, description="side of the 'image_large' JPEGs, px")
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"image_small": 1.0, "image_large": 0.25, "text_short": 1.0, "text_long": 0.25}
+    )
+
+
+class ExperimentContext(Protocol):
+    """What an experiment needs from the check that runs it (a CheckContext satisfies this)."""
+
+    target: Target
+    dataset: Dataset
+    seed: int
+    check_id: str
+
+    def rng(self, *stream: int | str) -> np.random.Generator: ...
+
+
+class ServingParams(BaseModel):
+    """What every serving experiment takes: budget, SLO, safeguard, load shape, payloads, server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec.model_validate({}))
+    slo: SLOSpec = Field(default_factory=lambda: SLOSpec.model_validate({}))
+    abort_after_windows: int = Field(4, ge=1, le=1000, description="safeguard: consecutive breached windows")
+    concurrency: int = Field(4, ge=1, le=1024, description="closed-loop requests in flight")
+    request_timeout_s: float = Field(2.0, gt=0.0, le=600.0, description="client timeout per request, s")
+    warmup_requests: int = Field(16, ge=0, le=10_000, description="sent first, not judged (lazy init, JIT)")
+    baseline_s: float = Field(1.5, gt=0.0, le=3600.0, description="steady-state probe length, s")
+    max_recovery_s: float = Field(3.0, gt=0.0, le=3600.0, description="SLO must hold again within this, s")
+    payload: PayloadSpec = Field(default_factory=lambda: PayloadSpec.model_validate({}))
+    server: ServerConfig = Field(
+        default_factory=lambda: ServerConfig.model_validate({}),
+        description="the reference server the check starts for an in-process target (ignored for openai:)",
+    )

@@ -1,0 +1,120 @@
+"""What the four serving checks share: the capability they need, the experiment's closing finding,
+and small helpers. Kept here so each check file holds one experiment and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mmchaos.chaos.experiment import Experiment, jsonable
+from mmchaos.chaos.windows import Phase
+from mmchaos.checks.base import AnyCheck, CheckContext
+from mmchaos.findings import Finding, Severity, Verdict
+from mmchaos.registry import closest
+from mmchaos.targets.base import Capability
+
+__all__ = [
+    "EMBEDS",
+    "TRANSPORT_KINDS",
+    "closest_hint",
+    "experiment_finding",
+    "not_run",
+    "severity_rank",
+    "transport_errors",
+]
+
+
+EMBEDS = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
+
+TRANSPORT_KINDS = ("timeout", "connect_error", "reset", "protocol_error", "other")
+
+
+def closest_hint(name: str, known: Sequence[str]) -> str:
+    return closest(name, known) or f" (known: {', '.join(known)})"
+
+
+def experiment_finding(
+    check: AnyCheck, ctx: CheckContext, ex: Experiment, *, title: str, extra: dict[str, Any] | None = None
+) -> Finding:
+    """The experiment as a whole: verdict from its status, the journal in the evidence."""
+    journal = ex.finish()
+    budget = journal["budget"]
+    before = journal["steady_states"]["before"]
+    after = journal["steady_states"]["after"]
+    problems = []
+    verdict = Verdict.PASS
+    severity = Severity.INFO
+    suggestion = ""
+    if ex.aborted:
+        problems.append(f"aborted: {ex.aborted}")
+        verdict, severity = Verdict.FAIL, Severity.HIGH
+        suggestion = (
+            "the safeguard stopped the experiment: find what held the service outside its SLO (the journal "
+            "shows the phase and its windows); a service that cannot hold its SLO without faults is not ready"
+        )
+    if before is not None and not before["steady_state_met"]:
+        problems.append("the steady state did not hold before any fault")
+        verdict, severity = Verdict.FAIL, Severity.HIGH
+        suggestion = suggestion or "fix the baseline first: the SLO does not hold on clean traffic"
+    if after is not None and not after["steady_state_met"]:
+        problems.append("the steady state did not hold after the method (deviated)")
+        verdict, severity = Verdict.FAIL, Severity.HIGH
+        suggestion = suggestion or "the service did not come back to its SLO after the faults were removed"
+    if not budget["respected"]:
+        problems.append(f"the budget was exceeded: {budget}")
+        verdict, severity = Verdict.FAIL, Severity.CRITICAL
+    teardown = journal.get("teardown") or {}
+    if teardown and not teardown.get("clean", True):
+        problems.append(f"left behind: {teardown.get('still_listening')} {teardown.get('threads_left')}")
+        verdict, severity = Verdict.FAIL, Severity.HIGH
+    if ex.interrupted and verdict == Verdict.PASS:
+        problems.append(f"interrupted: {ex.interrupted}")
+        verdict, severity = Verdict.ERROR, Severity.MEDIUM
+        suggestion = "raise budget.max_requests / budget.max_duration_s, or shorten the phases"
+    status = journal["status"]
+    evidence: dict[str, Any] = {
+        "aborted": ex.aborted is not None,
+        "status": status,
+        "journal": jsonable(journal),
+    }
+    if ex.aborted:
+        evidence["reason"] = ex.aborted
+    evidence.update(extra or {})
+    return check.finding(
+        ctx,
+        verdict,
+        f"{title}: {status}" + (f" ({problems[0]})" if problems else ""),
+        severity=severity,
+        metrics={
+            "requests_sent": float(budget["sent"]),
+            "max_rate_observed": float(budget["max_rate_observed"]),
+            "duration_s": float(budget["duration_s"]),
+            "aborted": 1.0 if ex.aborted else 0.0,
+            "deviated": 1.0 if journal["deviated"] else 0.0,
+        },
+        gate=(
+            f"steady state ({ex.slo.describe()}) before and after; no safeguard abort "
+            f"({ex.params.abort_after_windows} breached {ex.slo.window_s:g} s windows in a row); budget respected; "
+            "nothing left running"
+        ),
+        message="; ".join(problems),
+        suggestion=suggestion,
+        evidence=evidence,
+    )
+
+
+def transport_errors(ph: Phase) -> dict[str, int]:
+    if ph.result is None:
+        return {}
+    return {k: v for k, v in ph.result.errors.items() if k in TRANSPORT_KINDS}
+
+
+def not_run(check: AnyCheck, ctx: CheckContext, what: str, why: str) -> Finding:
+    return check.finding(ctx, Verdict.SKIPPED, f"{what}: not run ({why})", message=why, evidence={"reason": why})
+
+
+_SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
+
+
+def severity_rank(s: Severity) -> int:
+    return _SEVERITY_RANK[s]

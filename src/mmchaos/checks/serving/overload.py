@@ -1,0 +1,261 @@
+"""``serving_overload``: concurrency raised step by step until the SLO breaks (the knee).
+
+The gate asks for a knee at or above the concurrency the deployment must carry and for overload
+that fails gracefully past it (typed 429/503/504, Retry-After on 429/503, goodput held), then recovery."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, field_validator
+
+from mmchaos.chaos.experiment import Experiment, jsonable
+from mmchaos.chaos.spec import ServingParams
+from mmchaos.chaos.windows import Phase
+from mmchaos.checks.base import Check, CheckContext, Gate
+from mmchaos.checks.serving._common import (
+    EMBEDS,
+    experiment_finding,
+    transport_errors,
+)
+from mmchaos.findings import Finding, Severity, Step, Verdict
+
+if TYPE_CHECKING:
+    from mmchaos.chaos.load import LoadResult
+
+__all__ = ["ServingOverload"]
+
+
+class ServingOverloadParams(ServingParams):
+    concurrency_steps: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1)
+    step_s: float = Field(1.0, gt=0.0, le=600.0)
+    steps_past_knee: int = Field(1, ge=0, le=10, description="steps run after the SLO broke, to see how it fails")
+
+    @field_validator("concurrency_steps")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        if any(c < 1 for c in value) or value != sorted(set(value)):
+            raise ValueError("concurrency_steps must be increasing positive integers")
+        return value
+
+
+class ServingOverloadGate(Gate):
+    min_knee_concurrency: int = Field(1, ge=0, description="the SLO must hold at least up to this concurrency")
+    typed_errors: bool = Field(True, description="overload answers are OpenAI error JSON (429/503/504)")
+    retry_after: bool = Field(True, description="429 and 503 answers carry Retry-After")
+    min_goodput_ratio: float = Field(
+        0.5, ge=0.0, le=1.0, description="goodput at the first breaking step, relative to at the knee (no collapse)"
+    )
+
+
+def _goodput(result: LoadResult) -> float:
+    """Good answers per second between the first and the last good completion: a short step's
+    pipeline fill (the first answers of a deep queue) and its cut-off do not count against it."""
+    done = sorted(r.start + r.latency for r in result.records if r.good)
+    if len(done) < 3 or done[-1] - done[0] <= 0:
+        return result.goodput_rps
+    return (len(done) - 1) / (done[-1] - done[0])
+
+
+class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
+    """Raise concurrency until the SLO breaks: the knee, how overload fails, and recovery after it."""
+
+    name = "serving_overload"
+    step = Step.SERVING
+    requires = EMBEDS
+    Params = ServingOverloadParams
+    Gate = ServingOverloadGate
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        g = self.gate
+        bar = ctx.progress.task(f"{ctx.check_id}: ramp", total=len(p.concurrency_steps) + 1)
+        steps: list[tuple[int, Phase]] = []
+        recovery_s: float | None = None
+        recovery: Phase | None = None
+        ex = Experiment(
+            ctx, p, title="overload ramp", description="closed-loop concurrency raised until the SLO breaks"
+        )
+        try:
+            with ex:
+                ex.warmup()
+                past = -1
+                for c in p.concurrency_steps:
+                    if ex.stopped:
+                        break
+                    ph = ex.phase(f"concurrency={c}", seconds=p.step_s, guarded=False, concurrency=c)
+                    if ph.result is None:
+                        break
+                    steps.append((c, ph))
+                    bar.advance()
+                    if past >= 0 or not ph.met(ex.slo):
+                        past += 1
+                        if past >= p.steps_past_knee:
+                            break
+                if steps and not ex.stopped:
+                    recovery, recovery_s = ex.recover("after_ramp:recovery")
+                bar.advance()
+        finally:
+            bar.close()
+        if steps:
+            yield from self._findings(ctx, ex, steps, recovery, recovery_s, g)
+        yield experiment_finding(self, ctx, ex, title="overload experiment")
+
+    def _findings(
+        self,
+        ctx: CheckContext,
+        ex: Experiment,
+        steps: list[tuple[int, Phase]],
+        recovery: Phase | None,
+        recovery_s: float | None,
+        g: ServingOverloadGate,
+    ) -> Iterator[Finding]:
+        p = self.params
+        table: list[list[Any]] = []
+        throughputs: list[float] = []
+        knee: int | None = 0
+        knee_goodput = 0.0
+        broke_at: int | None = None
+        rate_capped = False
+        for c, ph in steps:
+            r = ph.result
+            assert r is not None
+            met = ph.met(ex.slo)
+            capped = r.throughput_rps >= 0.9 * p.budget.max_rate
+            rate_capped = rate_capped or capped
+            throughputs.append(r.throughput_rps)
+            goodput = _goodput(r)
+            table.append(
+                [
+                    c,
+                    round(r.throughput_rps, 1),
+                    round(goodput, 1),
+                    round(r.success_rate, 4),
+                    r.latency.p50_ms,
+                    r.latency.p99_ms,
+                    dict(r.status_counts),
+                    met,
+                    capped,
+                ]
+            )
+            if met and broke_at is None:
+                knee, knee_goodput = c, goodput
+            elif broke_at is None:
+                broke_at = c
+        if broke_at == steps[0][0]:
+            knee = None
+        # graceful degradation is judged where the SLO first breaks; steps further out are shown, not gated
+        first_broken = next((ph for c, ph in steps if c == broke_at), None)
+        worst_goodput = _goodput(first_broken.result) if first_broken and first_broken.result else None
+        problems = []
+        if knee is None or knee < g.min_knee_concurrency:
+            problems.append(
+                f"the SLO breaks at concurrency {broke_at}, below the required {g.min_knee_concurrency}"
+                if broke_at is not None
+                else "no step met the SLO"
+            )
+        knee_text = (
+            f"the SLO holds up to concurrency {knee} ({knee_goodput:.0f} good req/s) and breaks at {broke_at}"
+            if broke_at is not None and knee
+            else f"the SLO holds at every step up to concurrency {steps[-1][0]}"
+            + (" (the budget's max_rate capped the load)" if rate_capped else "")
+            if broke_at is None
+            else f"the SLO breaks already at concurrency {broke_at}"
+        )
+        yield self.finding(
+            ctx,
+            Verdict.FAIL if problems else Verdict.PASS,
+            f"knee: {knee_text}",
+            severity=Severity.HIGH if problems else Severity.INFO,
+            metrics={
+                "knee_concurrency": float(knee if knee is not None else 0),
+                "breaking_concurrency": float(broke_at if broke_at is not None else -1),
+                "knee_goodput_rps": float(knee_goodput),
+                "max_throughput_rps": max(throughputs),
+            },
+            gate=f"SLO ({ex.slo.describe()}) holds at concurrency >= {g.min_knee_concurrency}",
+            message="; ".join(problems),
+            suggestion="profile the request path at the breaking step; add capacity or batching" if problems else "",
+            evidence={
+                "steps": {
+                    "columns": [
+                        "concurrency",
+                        "throughput_rps",
+                        "goodput_rps",
+                        "success_rate",
+                        "p50_ms",
+                        "p99_ms",
+                        "status_counts",
+                        "slo_met",
+                        "rate_capped",
+                    ],
+                    "rows": table,
+                },
+                "rate_capped": rate_capped,
+                "step_s": p.step_s,
+            },
+        )
+        # how overload fails
+        untyped = sum(int(ph.errors.get("untyped", 0)) for _, ph in steps)
+        missing_ra = sum(int(ph.errors.get("missing_retry_after", 0)) for _, ph in steps)
+        transport: dict[str, int] = {}
+        for _, ph in steps:
+            for k, v in transport_errors(ph).items():
+                transport[k] = transport.get(k, 0) + v
+        problems = []
+        if g.typed_errors and untyped:
+            problems.append(f"{untyped} overload answers were not OpenAI error JSON")
+        if g.retry_after and missing_ra:
+            problems.append(f"{missing_ra} 429/503 answers had no Retry-After")
+        if transport:
+            problems.append(f"requests went unanswered under overload ({transport})")
+        collapse = worst_goodput is not None and knee_goodput > 0 and worst_goodput < g.min_goodput_ratio * knee_goodput
+        if collapse:
+            problems.append(
+                f"goodput collapsed where the SLO broke (concurrency {broke_at}: {worst_goodput:.1f} vs "
+                f"{knee_goodput:.1f} good req/s at the knee)"
+            )
+        if recovery is not None and recovery_s is None:
+            problems.append(f"did not recover within {p.max_recovery_s:g} s after the ramp")
+        statuses: dict[str, int] = {}
+        for _, ph in steps:
+            for k, v in (ph.result.status_counts if ph.result else {}).items():
+                if k != "200":
+                    statuses[k] = statuses.get(k, 0) + v
+        yield self.finding(
+            ctx,
+            Verdict.FAIL if problems else Verdict.PASS,
+            "overload: "
+            + (
+                "; ".join(problems)
+                if problems
+                else f"sheds load with typed answers ({statuses or 'none needed'}), recovers"
+                + (f" in {recovery_s:.2f} s" if recovery_s is not None else "")
+            ),
+            severity=Severity.HIGH if problems else Severity.INFO,
+            metrics={
+                "untyped_errors": float(untyped),
+                "missing_retry_after": float(missing_ra),
+                "unanswered": float(sum(transport.values())),
+                "goodput_ratio_past_knee": float(
+                    worst_goodput / knee_goodput if worst_goodput is not None and knee_goodput > 0 else 1.0
+                ),
+                "recovery_s": float(recovery_s if recovery_s is not None else -1.0),
+            },
+            gate="typed 429/503/504 with Retry-After, every request answered, goodput kept past the knee, recovery",
+            message="; ".join(problems),
+            suggestion=(
+                "bound the queue and answer 429 with Retry-After early (admission control) instead of letting "
+                "latency grow until everything times out"
+                if problems
+                else ""
+            ),
+            evidence=jsonable(
+                {
+                    "error_answers": statuses,
+                    "by_step": {str(c): ph.errors for c, ph in steps},
+                    "recovery": None if recovery is None else recovery.summary(ex.slo, windows=True),
+                }
+            ),
+        )
