@@ -124,22 +124,32 @@ def _poison_bodies(p: ServingPoisonParams, model: str, path: str, ctx: CheckCont
 
 
 def _poison_mix(good: PayloadMix, bodies: Mapping[str, bytes], share: float, path: str) -> PayloadMix:
-    """Good traffic with a ``share`` of poison, the poison kinds taken in turn (so each is sent)."""
-    from mmchaos.chaos.load import LoadRequest, MixEntry, PayloadMix
+    """Good traffic with a ``share`` of poison, the poison kinds taken in turn.
+
+    The first ``2 * len(kinds)`` requests alternate good and poison, so every kind is sent early
+    even when a slow server answers only a few requests in the phase; after that each request is
+    poison with probability ``share``.
+    """
+    from mmchaos.chaos.load import LoadRequest, PayloadMix
 
     kinds = list(bodies)
-    turn = [0]
+    sent = [0, 0]  # requests made, poison requests made
 
-    def good_factory(rng: random.Random) -> LoadRequest:
-        return good.pick(rng)
-
-    def poison_factory(rng: random.Random) -> LoadRequest:
-        kind = kinds[turn[0] % len(kinds)]
-        turn[0] += 1
+    def poison(n: int) -> LoadRequest:
+        kind = kinds[n % len(kinds)]
         headers = {"Content-Type": "application/json", PROBE_HEADER: kind}
         return LoadRequest(kind, path, "POST", content=bodies[kind], headers=headers)
 
-    return PayloadMix([MixEntry(good_factory, 1.0 - share), MixEntry(poison_factory, share)])
+    def factory(rng: random.Random) -> LoadRequest:
+        n = sent[0]
+        sent[0] += 1
+        early = sent[1] < len(kinds)
+        if (early and n % 2 == 1) or (not early and rng.random() < share):
+            sent[1] += 1
+            return poison(sent[1] - 1)
+        return good.pick(rng)
+
+    return PayloadMix([factory])
 
 
 class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
