@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -103,3 +104,51 @@ def test_runs_and_report_rerender(run_cli, tmp_path: Path, suite_file: Path) -> 
 def test_list(run_cli, kind: str) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = run_cli("list", kind)
     assert code == 0 and out.strip()
+
+
+def _fake_plugin(tmp_path: Path) -> Path:
+    """A distribution on sys.path that registers the ``fakeplug:`` target scheme by entry point."""
+    site = tmp_path / "site"
+    info = site / "fakeplug-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[mmchaos.targets]\nfakeplug = fakeplug_mod:load\n")
+    (site / "fakeplug_mod.py").write_text(
+        'def load(rest, **options):\n    """``fakeplug:<x>``: a plug-in scheme from an entry point."""\n'
+    )
+    return site
+
+
+def test_list_targets_comes_from_the_scheme_registry(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Every scheme (entry points included) is a row described by its factory's docstring."""
+    import subprocess
+    import sys
+
+    from mmchaos.cli.list_cmd import summary_line
+    from mmchaos.targets import SCHEMES
+
+    env = dict(subprocess_env, COLUMNS="200")
+    env["PYTHONPATH"] = os.pathsep.join([str(_fake_plugin(tmp_path)), env["PYTHONPATH"]])
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmchaos", "list", "targets"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in proc.stdout.splitlines() if "│" in line}
+    assert rows["fakeplug:..."] == "fakeplug:<x>: a plug-in scheme from an entry point."
+    for scheme in SCHEMES.names():
+        assert rows[f"{scheme}:..."] == summary_line(SCHEMES.get(scheme)), scheme
+        assert rows[f"{scheme}:..."], f"the {scheme}: factory needs a docstring"
+    assert "builtin:tiny-clip" in rows
+
+
+def test_list_suites_comes_from_the_suites_package(run_cli) -> None:  # type: ignore[no-untyped-def]
+    from importlib import resources
+
+    shipped = sorted(f.name[:-5] for f in resources.files("mmchaos.suites").iterdir() if f.name.endswith(".yaml"))
+    from mmchaos.suites import builtin_suites
+
+    assert list(builtin_suites()) == shipped
+    code, out, _ = run_cli("list", "suites")
+    assert code == 0
+    listed = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert [name for name in listed if name] == shipped
