@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mmchaos.report.junit import render_junit
 from mmchaos.report.results import build_results, exit_code_for
+from mmchaos.report.strict_json import dumps
 from mmchaos.store import RunStore
 
 __all__ = ["build_results", "exit_code_for", "render_junit", "write_reports"]
@@ -27,8 +27,8 @@ def write_reports(store: RunStore, run_id: str, out: Path, *, strict: bool = Fal
     for i, finding in enumerate(results["findings"]):
         if finding["verdict"] in ("fail", "error", "warn"):
             repro = {"run_id": run_id, "seed": results["seed"], "target": results["target"]["uri"], **finding}
-            (evidence / f"{i:03d}-{finding['check']}.json").write_text(json.dumps(repro, indent=2), "utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=2), "utf-8")
+            (evidence / f"{i:03d}-{finding['check']}.json").write_text(dumps(repro), "utf-8")
+    (out / "results.json").write_text(dumps(results), "utf-8")
     (out / "junit.xml").write_text(render_junit(results), "utf-8")
     (out / "report.html").write_text(render_html(results, {n: a.data for n, a in artifacts.items()}), "utf-8")
     return results

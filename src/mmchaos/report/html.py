@@ -175,7 +175,7 @@ def _steps(steps: list[Json]) -> str:
 def _points(f: Json) -> list[tuple[int, float]]:
     m = f["metrics"]
     keys = ("clean", "s1", "s2", "s3", "s4", "s5")
-    pts = [(s, float(m[k])) for s, k in enumerate(keys) if k in m]
+    pts = [(s, float(m[k])) for s, k in enumerate(keys) if isinstance(m.get(k), int | float)]
     return [(x, y) for x, y in pts if math.isfinite(y)]
 
 

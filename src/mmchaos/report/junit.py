@@ -8,6 +8,12 @@ from typing import Any
 __all__ = ["render_junit"]
 
 
+def _metric(finding: dict[str, Any], name: str, value: float | None) -> str:
+    if value is None:
+        return f"{name} = null ({finding.get('non_finite', {}).get(f'metrics.{name}', 'not measured')})"
+    return f"{name} = {value:.6g}"
+
+
 def render_junit(results: dict[str, Any]) -> str:
     root = ET.Element("testsuites", name=f"mmchaos {results['suite']['name']}", run_id=results["run_id"])
     strict = bool(results["summary"].get("strict"))
@@ -28,7 +34,7 @@ def render_junit(results: dict[str, Any]) -> str:
             case = ET.SubElement(suite, "testcase", classname=f"mmchaos.{f['check']}", name=f"{i:03d} {f['title']}")
             body = "\n".join(
                 [f"{f['message']}", f"gate: {f['gate']}", f"suggestion: {f['suggestion']}"]
-                + [f"{k} = {v:.6g}" for k, v in sorted(f["metrics"].items())]
+                + [_metric(f, k, v) for k, v in sorted(f["metrics"].items())]
             )
             if f["verdict"] == "fail":
                 ET.SubElement(case, "failure", message=f["title"], type=f["severity"]).text = body
