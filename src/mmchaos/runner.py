@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
-from mmchaos.errors import StoreError
+from mmchaos.errors import DataError, StoreError
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
@@ -100,6 +100,15 @@ def default_data(target: Target) -> str:
     return "builtin:textlines" if target.has(Capability.READ_TEXT) else "builtin:shapes"
 
 
+def _load_data(spec: str) -> Dataset:
+    """The run's dataset; an unreadable file is bad input (exit 2), not an internal error."""
+    try:
+        return load_dataset(spec)
+    except OSError as exc:
+        where = exc.filename or spec
+        raise DataError(f"cannot read --data {where}: {exc.strerror or exc}", code="data_unreadable") from exc
+
+
 def environment() -> dict[str, Any]:
     import numpy
 
@@ -132,7 +141,7 @@ def run_suite(
     checks = build_checks(config.suite)
     target = load_target(config.target, config.options)
     try:
-        dataset = load_dataset(config.data or default_data(target))
+        dataset = _load_data(config.data or default_data(target))
         fingerprint = target.fingerprint().to_dict()
         if resume is None:
             store.create_run(

@@ -25,13 +25,11 @@ def report_command(
 ) -> None:
     """Re-render the reports of a stored run; the exit code is the run's gate result."""
     from mmchaos.cli.summary import print_summary
-    from mmchaos.errors import UsageError
-    from mmchaos.report import write_reports
+    from mmchaos.report import prepare_out_dir, write_reports
     from mmchaos.store import RunStore
 
-    if not store_path.exists():
-        raise UsageError(f"no run store at {store_path}")
-    with RunStore(store_path) as store:
+    with RunStore(store_path, read_only=True) as store:
+        prepare_out_dir(out_dir)
         results = write_reports(store, store.resolve(run), out_dir, strict=strict)
     print_summary(out, results, out_dir)
     raise typer.Exit(results["summary"]["exit_code"])

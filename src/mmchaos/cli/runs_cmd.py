@@ -19,12 +19,9 @@ def register(app: typer.Typer) -> None:
 
 def runs_command(store_path: StoreOpt = DEFAULT_STORE, limit: int = 20) -> None:
     """List stored runs, newest first."""
-    from mmchaos.errors import UsageError
     from mmchaos.store import RunStore
 
-    if not store_path.exists():
-        raise UsageError(f"no run store at {store_path} (run `mmchaos validate` first, or pass --store)")
-    with RunStore(store_path) as store:
+    with RunStore(store_path, read_only=True) as store:
         rows = store.list_runs(limit)
     table = Table(title=f"runs in {store_path}")
     table.add_column("run", no_wrap=True)

@@ -42,12 +42,13 @@ def validate_command(
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
     from mmchaos.cli.progress import RichProgress
     from mmchaos.cli.summary import print_summary
-    from mmchaos.report import write_reports
+    from mmchaos.report import prepare_out_dir, write_reports
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
     from mmchaos.targets import TargetOptions
 
+    prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
     config = None
     if resume is None:
         config = RunConfig(
