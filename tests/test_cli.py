@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -329,3 +331,72 @@ def test_unwritable_out_unreadable_data_and_export_folder_exit_2(  # type: ignor
     finally:
         locked.chmod(0o755)
         data.chmod(0o644)
+
+
+# -- the terminal ----------------------------------------------------------------------------------
+
+
+def _terminal_results() -> dict[str, Any]:
+    """A results document with long check ids, long titles and every verdict."""
+    titles = {
+        "pass": "every sample embeds the same alone and inside a padded batch of 12",
+        "warn": "p99 latency 412 ms under 3 faults is above the 250 ms objective",
+        "fail": "padding changes the output: max deviation 2.1e-02 at batch size 3",
+        "error": "could not finish: TargetCallError: the server closed the connection",
+        "skipped": "skipped: the target cannot embed texts (needs embed_texts)",
+    }
+    findings = []
+    for n, (verdict, title) in enumerate(titles.items()):
+        step, name = [(4, "engine"), (6, "serving"), (7, "observability")][n % 3]
+        for _ in range(3 if verdict == "fail" else 1):
+            findings.append(
+                {"check": f"{name}-check-with-a-long-id-{n}", "step": step, "step_name": name, "verdict": verdict,
+                 "title": title, "metrics": {}}
+            )  # fmt: skip
+    return {
+        "run_id": "20260101-000000-abcdef",
+        "suite": {"name": "prelaunch"},
+        "target": {"uri": "openai:http://127.0.0.1:8000/v1"},
+        "findings": findings,
+        "steps": [{"step": 3, "name": "adversarial", "status": "not available in this version"}],
+        "summary": {"verdicts": {"pass": 1, "fail": 3}, "exit_code": 1, "wall_seconds": 12.0, "model_seconds": 3.0},
+    }
+
+
+def test_summary_table_is_readable_at_80_columns() -> None:
+    from rich.console import Console
+
+    from mmchaos.cli.summary import print_summary
+
+    console = Console(file=io.StringIO(), width=80, color_system=None, legacy_windows=False)
+    print_summary(console, _terminal_results(), Path("mmchaos-report"))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "worst" in line)
+    worst_width = len(header) - header.index("worst")
+    assert worst_width >= 30, f"the worst column is {worst_width} columns wide:\n{text}"
+    # every title is readable: its first three words stay on one line
+    for title in {f["title"] for f in _terminal_results()["findings"]}:
+        assert " ".join(title.split()[:3]) in text, title
+
+
+def test_checks_show_a_progress_bar_on_a_terminal_and_done_lines_in_a_log() -> None:
+    from rich.console import Console
+
+    from mmchaos.cli.progress import CheckProgress
+    from mmchaos.findings import Finding, Step, Verdict
+
+    def run(terminal: bool) -> str:
+        console = Console(file=io.StringIO(), width=80, force_terminal=terminal, color_system=None)
+        with CheckProgress(console) as progress:
+            progress.planned(["a", "b", "c"], {"a"})
+            progress.started("b")
+            progress.finished("b", [Finding("b", Step.ENGINE, Verdict.FAIL, "t")])
+            progress.started("c")
+        return str(console.file.getvalue())  # type: ignore[attr-defined]
+
+    bar = run(terminal=True)
+    assert "2/3" in bar and "━" in bar and " done" not in bar
+    log = run(terminal=False)
+    assert "b done: 1 fail" in log and "━" not in log

@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
@@ -26,7 +26,7 @@ from mmchaos.targets import Target, TargetOptions, load_target
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import DelegatingTarget
 
-__all__ = ["RunConfig", "RunResult", "TimedTarget", "default_data", "run_suite"]
+__all__ = ["RunConfig", "RunObserver", "RunResult", "TimedTarget", "default_data", "run_suite"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,19 @@ class RunConfig:
     @property
     def effective_seed(self) -> int:
         return self.seed if self.seed is not None else self.suite.seed
+
+
+class RunObserver(Protocol):
+    """Told where a run stands (the CLI draws a progress bar from it)."""
+
+    def planned(self, check_ids: list[str], done: set[str]) -> None:
+        """The suite's checks in order, and those a resumed run already has."""
+
+    def started(self, check_id: str) -> None:
+        """A check begins."""
+
+    def finished(self, check_id: str, findings: list[Finding]) -> None:
+        """A check ended and its findings are committed to the store."""
 
 
 @dataclass
@@ -128,6 +141,7 @@ def run_suite(
     resume: str | None = None,
     progress: ProgressSink | None = None,
     on_check: Callable[[str, list[Finding]], None] | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """Run ``config`` (or resume run ``resume`` with its stored config) and return its findings."""
     progress = progress or NullProgress()
@@ -168,10 +182,14 @@ def run_suite(
                 )
             store.update_run(run_id, status="running")
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
+        if observer is not None:
+            observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         for check_id, check in checks:
             if check_id in done:
                 log.info("resume: %s already done", check_id)
                 continue
+            if observer is not None:
+                observer.started(check_id)
             store.mark_started(run_id, check_id)
             findings, timed, wall = _run_one(check_id, check, target, dataset, config.effective_seed, progress)
             store.commit_check(
@@ -179,6 +197,8 @@ def run_suite(
             )
             if on_check is not None:
                 on_check(check_id, findings)
+            if observer is not None:
+                observer.finished(check_id, findings)
         store.update_run(run_id, status="complete", finished=time.time())
     finally:
         target.close()

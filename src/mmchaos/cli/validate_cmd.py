@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out, verdict_counts
+from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
 
 __all__ = ["register", "validate_command"]
 
@@ -40,7 +40,7 @@ def validate_command(
     strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
-    from mmchaos.cli.progress import RichProgress
+    from mmchaos.cli.progress import CheckProgress
     from mmchaos.cli.summary import print_summary
     from mmchaos.report import prepare_out_dir, write_reports
     from mmchaos.runner import RunConfig, run_suite
@@ -64,13 +64,9 @@ def validate_command(
             ),
         )
     with RunStore(store_path) as store:
-        with RichProgress(err) as progress:
-
-            def on_check(check_id: str, findings: list[Any]) -> None:
-                err.print(f"  [bold]{check_id}[/] done: {verdict_counts([f.verdict.value for f in findings])}")
-
-            err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
-            result = run_suite(config, store, resume=resume, progress=progress, on_check=on_check)
+        err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
+        with CheckProgress(err) as progress:
+            result = run_suite(config, store, resume=resume, progress=progress, observer=progress)
         results = write_reports(store, result.run_id, out_dir, strict=strict)
     print_summary(out, results, out_dir)
     raise typer.Exit(results["summary"]["exit_code"])
