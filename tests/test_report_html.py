@@ -302,3 +302,38 @@ def test_junit_validates_against_jenkins_junit_10_xsd(tmp_path: Path, strict: bo
     else:
         assert (warn.findtext("system-out") or "").startswith("WARNING: b warns")
         assert warn.find("failure") is None
+
+
+# -- the relative table: every row's mean is the mean of the cells it shows ----------------------
+
+
+def _missing_modality() -> Json:
+    """missing_modality removes content: its gate and mean_relative use the intact items only."""
+    f = _robustness("missing_modality", "accuracy", [0.9, 0.72, 0.54, 0.36, 0.18, 0.0], "pass", task="zero-shot")
+    intact = [1.0, 1.0, 0.99, 1.0, 0.98]
+    f["metrics"].update({f"intact_relative_s{s}": v for s, v in enumerate(intact, start=1)})
+    f["metrics"]["mean_relative"] = sum(intact) / len(intact)
+    return f
+
+
+def _relative_rows(page: str) -> dict[str, tuple[list[float], float]]:
+    table = page[page.index("<h3>Relative to clean") :]
+    table = table[: table.index("</table>")]
+    rows: dict[str, tuple[list[float], float]] = {}
+    for row in table.split("<tr>")[2:]:
+        name = row.split("<td>", 2)[1].split("</td>")[0]
+        cells = [float(c.split(">", 1)[1].split("<")[0]) for c in row.split('<td class="heat"')[1:]]
+        mean = float(row.rsplit('<td class="num">', 1)[1].split("<")[0])
+        rows[name] = (cells, mean)
+    return rows
+
+
+def test_every_relative_row_shows_a_mean_of_its_own_cells() -> None:
+    results, artifacts = make_results()
+    results["findings"].append(_missing_modality())
+    rows = _relative_rows(render_html(results, artifacts))
+    assert set(rows) >= {"gaussian_noise", "typos"} and any(name.startswith("missing_modality") for name in rows)
+    for name, (cells, mean) in rows.items():
+        assert mean == pytest.approx(sum(cells) / len(cells), abs=0.006), name
+    [intact] = [cells for name, (cells, _) in rows.items() if name.startswith("missing_modality")]
+    assert intact == [1.0, 1.0, 0.99, 1.0, 0.98], "the row shows what its gate and mean use: the intact items"
