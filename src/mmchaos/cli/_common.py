@@ -26,11 +26,11 @@ VERDICT_STYLE = {
 StoreOpt = Annotated[Path, typer.Option("--store", help="SQLite run store")]
 
 
-def verdict_counts(verdicts: list[str]) -> str:
+def verdict_counts(verdicts: list[str], sep: str = ", ") -> str:
     """``"3 pass, 1 fail"`` with Rich colours, in the fixed verdict order."""
     parts = []
     for v in ("pass", "warn", "fail", "error", "skipped"):
         n = verdicts.count(v)
         if n:
             parts.append(f"[{VERDICT_STYLE[v]}]{n} {v}[/]")
-    return ", ".join(parts) or "no findings"
+    return sep.join(parts) or "no findings"

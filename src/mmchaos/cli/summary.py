@@ -37,7 +37,8 @@ def print_summary(console: Console, results: dict[str, Any], out_dir: Path) -> N
         worst = min(findings, key=lambda f: _RANK[f["verdict"]])
         style = VERDICT_STYLE[worst["verdict"]]
         step = str(findings[0]["step"]) if narrow else f"{findings[0]['step']} {findings[0]['step_name']}"
-        table.add_row(step, check, verdict_counts([f["verdict"] for f in findings]), f"[{style}]{worst['title']}[/]")
+        counts = verdict_counts([f["verdict"] for f in findings], "\n" if narrow else ", ")
+        table.add_row(step, check, counts, f"[{style}]{worst['title']}[/]")
     for step in results["steps"]:
         if step["status"] == "not available in this version":
             label = str(step["step"]) if narrow else f"{step['step']} {step['name']}"
