@@ -161,7 +161,7 @@ def test_rules_yaml_has_the_recording_rules_and_workbook_alerts() -> None:
 
 def test_rules_can_read_other_metrics_and_combine_slos() -> None:
     slo = BurnRateSLO(name="chat", objective=0.99, registry=CollectorRegistry())
-    group = slo.prometheus_rules(
+    group = slo.prometheus_rule_group(
         errors_expr='sum(rate(http_requests_total{code=~"5.."}[{window}]))',
         total_expr="sum(rate(http_requests_total[{window}]))",
     )
@@ -184,7 +184,7 @@ def test_promtool_accepts_the_rules_and_fires_them_on_the_same_traffic(tmp_path:
     check = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
 
-    group = slo.prometheus_rules()
+    group = slo.prometheus_rule_group()
     annotations = {r["labels"]["severity"]: r["annotations"] for r in group["rules"] if "alert" in r}
 
     def expected(*severities: str) -> list[dict[str, Any]]:
@@ -239,3 +239,22 @@ def test_promtool_accepts_the_rules_and_fires_them_on_the_same_traffic(tmp_path:
     assert {s for s, _ in firing(mirror)} == {"page"}
     traffic.run(10, error_ratio=0.5)
     assert {s for s, _ in firing(mirror)} == {"page", "ticket"}
+
+
+def test_prometheus_rules_is_a_file_prometheus_loads(tmp_path: Path) -> None:
+    """What prometheus_rules() returns, dumped as YAML, is a rules file (promtool refuses a bare group)."""
+    slo = BurnRateSLO(name="embeddings", objective=0.999, registry=CollectorRegistry())
+    doc = slo.prometheus_rules(total_expr="sum(rate(http_requests_total[{window}]))")
+    assert list(doc) == ["groups"]
+    [group] = doc["groups"]
+    assert group == slo.prometheus_rule_group(total_expr="sum(rate(http_requests_total[{window}]))")
+    assert yaml.safe_load(slo.prometheus_rules_yaml()) == slo.prometheus_rules()
+    if PROMTOOL is None:
+        return
+    loadable, bare = tmp_path / "rules.yml", tmp_path / "bare.yml"
+    loadable.write_text(yaml.safe_dump(doc))
+    bare.write_text(yaml.safe_dump(group))
+    check = subprocess.run([PROMTOOL, "check", "rules", str(loadable)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    refused = subprocess.run([PROMTOOL, "check", "rules", str(bare)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0, "a bare group is not a rules file"

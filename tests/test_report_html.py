@@ -1,15 +1,22 @@
-"""report.html: one self-contained, well-formed page, with every string from results escaped."""
+"""report.html: one self-contained, well-formed page, every string from results escaped; junit.xml
+that Jenkins' junit-10.xsd accepts."""
 
 from __future__ import annotations
 
 import io
+import math
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
 from PIL import Image
 
+from mmchaos.findings import Finding, Step, Verdict
+from mmchaos.report import build_results, render_junit
 from mmchaos.report.html import render_html
+from mmchaos.store import RunRecord, RunStore
 
 HOSTILE = "<script>alert(1)</script>"
 DIGEST = "0123456789abcdef"
@@ -250,3 +257,83 @@ def test_pass_banner_and_missing_artifact() -> None:
     page = render_html(results, {})
     assert '<div class="banner pass"><b>PASS</b>' in page
     assert "missing artifact n-clean.png" in page
+
+
+# -- junit.xml ------------------------------------------------------------------------------------
+
+JUNIT_XSD = Path(__file__).parent / "data" / "junit-10.xsd"
+
+
+def _every_verdict_run(tmp_path: Path) -> tuple[RunStore, str]:
+    """A stored run with one finding of each verdict, spread over three steps."""
+    run_id = "20260101-000000-junit0"
+    suite = {"name": "junit", "description": "", "seed": 1, "checks": []}
+    store = RunStore(tmp_path / "runs.db")
+    store.create_run(RunRecord(run_id, 1.0, 2.0, "complete", "builtin:x", "junit", {"suite": suite}), ["a", "b", "c"])
+    findings = {
+        "a": [Finding("a", Step.CONTRACT, v, f"a {v.value} <&>", metrics={"m": 0.5}) for v in Verdict],
+        "b": [Finding("b", Step.ENGINE, Verdict.WARN, "b warns", metrics={"x": math.nan})],
+        "c": [Finding("c", Step.SERVING, Verdict.PASS, "c passes")],
+    }
+    for i, (check, fs) in enumerate(findings.items()):
+        store.commit_check(run_id, check, fs, wall_seconds=1.25 + i, model_seconds=0.5, model_calls=1)
+    return store, run_id
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_junit_validates_against_jenkins_junit_10_xsd(tmp_path: Path, strict: bool) -> None:
+    xmlschema = pytest.importorskip("xmlschema", reason="pip install xmlschema (in the dev extra)")
+    store, run_id = _every_verdict_run(tmp_path)
+    with store:
+        xml = render_junit(build_results(store, run_id, strict=strict))
+    xmlschema.XMLSchema(str(JUNIT_XSD)).validate(xml)  # raises with the offending element
+    root = ET.fromstring(xml)
+    assert root.get("time") == "6.750" and root.get("tests") == "7"
+    assert root.get("failures") == ("3" if strict else "1") and root.get("errors") == "1"
+    suites = root.findall("testsuite")
+    assert [s.get("time") for s in suites] == ["1.250", "2.250", "3.250"]
+    cases = root.findall(".//testcase")
+    assert all(c.get("time") for c in cases) and len(cases) == 7
+    props = {p.get("name"): p.get("value") for p in suites[0].iter("property")}
+    assert props["run_id"] == run_id and props["seed"] == "1" and props["target"] == "builtin:x"
+    warn = next(c for c in cases if "b warns" in (c.get("name") or ""))
+    if strict:
+        assert warn.find("failure") is not None and warn.find("failure").get("type") == "warning"  # type: ignore[union-attr]
+    else:
+        assert (warn.findtext("system-out") or "").startswith("WARNING: b warns")
+        assert warn.find("failure") is None
+
+
+# -- the relative table: every row's mean is the mean of the cells it shows ----------------------
+
+
+def _missing_modality() -> Json:
+    """missing_modality removes content: its gate and mean_relative use the intact items only."""
+    f = _robustness("missing_modality", "accuracy", [0.9, 0.72, 0.54, 0.36, 0.18, 0.0], "pass", task="zero-shot")
+    intact = [1.0, 1.0, 0.99, 1.0, 0.98]
+    f["metrics"].update({f"intact_relative_s{s}": v for s, v in enumerate(intact, start=1)})
+    f["metrics"]["mean_relative"] = sum(intact) / len(intact)
+    return f
+
+
+def _relative_rows(page: str) -> dict[str, tuple[list[float], float]]:
+    table = page[page.index("<h3>Relative to clean") :]
+    table = table[: table.index("</table>")]
+    rows: dict[str, tuple[list[float], float]] = {}
+    for row in table.split("<tr>")[2:]:
+        name = row.split("<td>", 2)[1].split("</td>")[0]
+        cells = [float(c.split(">", 1)[1].split("<")[0]) for c in row.split('<td class="heat"')[1:]]
+        mean = float(row.rsplit('<td class="num">', 1)[1].split("<")[0])
+        rows[name] = (cells, mean)
+    return rows
+
+
+def test_every_relative_row_shows_a_mean_of_its_own_cells() -> None:
+    results, artifacts = make_results()
+    results["findings"].append(_missing_modality())
+    rows = _relative_rows(render_html(results, artifacts))
+    assert set(rows) >= {"gaussian_noise", "typos"} and any(name.startswith("missing_modality") for name in rows)
+    for name, (cells, mean) in rows.items():
+        assert mean == pytest.approx(sum(cells) / len(cells), abs=0.006), name
+    [intact] = [cells for name, (cells, _) in rows.items() if name.startswith("missing_modality")]
+    assert intact == [1.0, 1.0, 0.99, 1.0, 0.98], "the row shows what its gate and mean use: the intact items"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mmchaos.checks import REGISTRY as CHECKS
 from mmchaos.errors import ConfigError, StoreError, UnknownNameError
 from mmchaos.findings import Artifact, Finding, Step, Verdict
+from mmchaos.report import write_reports
 from mmchaos.store import RunRecord, RunStore
 from mmchaos.suites import BUILTIN_SUITES, load_suite
 
@@ -81,3 +85,49 @@ def test_registered_check_meets_contract(name: str) -> None:
     check = cls()  # builds with defaults
     assert cls.Params.model_validate(check.params.model_dump()) == check.params  # config round-trips
     assert cls.Gate.model_validate(check.gate.model_dump()) == check.gate
+
+
+def _strict_loads(text: str) -> Any:
+    """JSON as Node's JSON.parse reads it: NaN, Infinity and -Infinity are syntax errors."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _full_record(run_id: str) -> RunRecord:
+    suite = {"name": "nan-suite", "description": "", "seed": 5, "checks": [{"check": "a", "id": "a"}]}
+    return RunRecord(
+        run_id, 1.0, 2.0, "complete", "builtin:x", "nan-suite", {"suite": suite, "seed": None},
+        target={"fingerprint": {"digest": "d", "score": math.nan}},
+    )  # fmt: skip
+
+
+def test_results_json_is_strict_json_with_a_reason_for_each_non_finite_number(tmp_path: Path) -> None:
+    run_id = "20260101-000000-nannan"
+    with RunStore(tmp_path / "runs.db") as store:
+        store.create_run(_full_record(run_id), ["a"])
+        bad = Finding(
+            "a", Step.ENGINE, Verdict.FAIL, "limit not found",
+            metrics={"effective_limit": math.nan, "ratio": math.inf, "ok": 1.0},
+            evidence={"curve": [1.0, -math.inf]},
+        )  # fmt: skip
+        store.commit_check(run_id, "a", [bad], wall_seconds=1.0, model_seconds=0.5, model_calls=1)
+        results = write_reports(store, run_id, tmp_path / "out")
+    doc = _strict_loads((tmp_path / "out" / "results.json").read_text())
+    assert doc == json.loads(json.dumps(results, allow_nan=False)), "the returned document is the written one"
+    [finding] = doc["findings"]
+    assert finding["metrics"] == {"effective_limit": None, "ratio": None, "ok": 1.0}
+    assert finding["evidence"]["curve"] == [1.0, None]
+    assert finding["non_finite"] == {
+        "metrics.effective_limit": "NaN",
+        "metrics.ratio": "Infinity",
+        "evidence.curve[1]": "-Infinity",
+    }
+    assert doc["target"]["fingerprint"]["score"] is None
+    assert doc["non_finite"] == {"target.fingerprint.score": "NaN"}
+    for repro in (tmp_path / "out" / "evidence").glob("*.json"):
+        _strict_loads(repro.read_text())
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert "effective_limit = null (NaN)" in junit

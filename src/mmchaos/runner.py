@@ -13,12 +13,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
-from mmchaos.errors import StoreError
+from mmchaos.errors import DataError, StoreError
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
@@ -26,7 +26,7 @@ from mmchaos.targets import Target, TargetOptions, load_target
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import DelegatingTarget
 
-__all__ = ["RunConfig", "RunResult", "TimedTarget", "default_data", "run_suite"]
+__all__ = ["RunConfig", "RunObserver", "RunResult", "TimedTarget", "default_data", "run_suite"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,19 @@ class RunConfig:
         return self.seed if self.seed is not None else self.suite.seed
 
 
+class RunObserver(Protocol):
+    """Told where a run stands (the CLI draws a progress bar from it)."""
+
+    def planned(self, check_ids: list[str], done: set[str]) -> None:
+        """The suite's checks in order, and those a resumed run already has."""
+
+    def started(self, check_id: str) -> None:
+        """A check begins."""
+
+    def finished(self, check_id: str, findings: list[Finding]) -> None:
+        """A check ended and its findings are committed to the store."""
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -100,6 +113,15 @@ def default_data(target: Target) -> str:
     return "builtin:textlines" if target.has(Capability.READ_TEXT) else "builtin:shapes"
 
 
+def _load_data(spec: str) -> Dataset:
+    """The run's dataset; an unreadable file is bad input (exit 2), not an internal error."""
+    try:
+        return load_dataset(spec)
+    except OSError as exc:
+        where = exc.filename or spec
+        raise DataError(f"cannot read --data {where}: {exc.strerror or exc}", code="data_unreadable") from exc
+
+
 def environment() -> dict[str, Any]:
     import numpy
 
@@ -119,6 +141,7 @@ def run_suite(
     resume: str | None = None,
     progress: ProgressSink | None = None,
     on_check: Callable[[str, list[Finding]], None] | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """Run ``config`` (or resume run ``resume`` with its stored config) and return its findings."""
     progress = progress or NullProgress()
@@ -132,7 +155,7 @@ def run_suite(
     checks = build_checks(config.suite)
     target = load_target(config.target, config.options)
     try:
-        dataset = load_dataset(config.data or default_data(target))
+        dataset = _load_data(config.data or default_data(target))
         fingerprint = target.fingerprint().to_dict()
         if resume is None:
             store.create_run(
@@ -159,10 +182,14 @@ def run_suite(
                 )
             store.update_run(run_id, status="running")
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
+        if observer is not None:
+            observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         for check_id, check in checks:
             if check_id in done:
                 log.info("resume: %s already done", check_id)
                 continue
+            if observer is not None:
+                observer.started(check_id)
             store.mark_started(run_id, check_id)
             findings, timed, wall = _run_one(check_id, check, target, dataset, config.effective_seed, progress)
             store.commit_check(
@@ -170,6 +197,8 @@ def run_suite(
             )
             if on_check is not None:
                 on_check(check_id, findings)
+            if observer is not None:
+                observer.finished(check_id, findings)
         store.update_run(run_id, status="complete", finished=time.time())
     finally:
         target.close()

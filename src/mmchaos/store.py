@@ -4,14 +4,21 @@ Each finished check is committed in one transaction with its findings and artifa
 killed at any point (even ``kill -9``) loses at most the check that was running, and
 ``validate --resume RUN`` recomputes only that one. WAL journaling keeps readers (``mmchaos
 runs``) from blocking a run in progress.
+
+A store given by the user may be anything: before a single byte is written the file is opened
+read-only, checked to be a mmchaos store (not some other application's SQLite file) and checked
+for corruption. Readers (``runs``, ``report``) open it read-only all the way (``mode=ro``), so they
+work on a store they may not write and never change one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +31,7 @@ from mmchaos.findings import Artifact, Finding
 __all__ = ["CheckRecord", "RunRecord", "RunStore"]
 
 SCHEMA_VERSION = 1
+_TABLES = frozenset({"meta", "runs", "checks", "findings", "artifacts"})
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -95,24 +103,120 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-class RunStore:
-    """A handle on the SQLite run store at ``path`` (created with its folder when missing)."""
+def _ro_uri(path: Path, *, immutable: bool = False) -> str:
+    quoted = urllib.parse.quote(str(path.resolve()))
+    return f"file:{quoted}?mode=ro" + ("&immutable=1" if immutable else "")
 
-    def __init__(self, path: Path | str) -> None:
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection that creates nothing next to the file.
+
+    A WAL database opened ``mode=ro`` still creates ``-wal`` and ``-shm`` files. When no ``-wal``
+    file exists nobody is writing and every change is in the main file, so it is read as
+    immutable; while a run writes (its ``-wal`` exists) a plain read-only connection sees it.
+    """
+    with path.open("rb") as f:
+        header = f.read(100)
+    is_wal = len(header) == 100 and header[18] == 2
+    wal_idle = is_wal and not path.with_name(path.name + "-wal").exists()
+    db = sqlite3.connect(_ro_uri(path, immutable=wal_idle), uri=True, timeout=30.0, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:  # a -wal we may not read alongside: read the main file as it is
+        db.close()
+        return sqlite3.connect(_ro_uri(path, immutable=True), uri=True, timeout=30.0, isolation_level=None)
+
+
+def _verify(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file that is not a mmchaos store of this schema, or that is corrupted (reads only)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables >= _TABLES:
+        found = ", ".join(sorted(tables)) or "no tables"
+        raise StoreError(
+            f"{path} is not a mmchaos run store (it has {found}); give a store written by mmchaos, "
+            "or a new file, to --store",
+            code="store_foreign",
+        )
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None or row[0] != str(SCHEMA_VERSION):
+        version = "none" if row is None else row[0]
+        raise StoreError(
+            f"{path}: store schema {version} is not {SCHEMA_VERSION}; use another --store", code="store_foreign"
+        )
+    problems = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise StoreError(
+            f"{path} is corrupted ({' '.join(problems).replace(chr(10), '; ')[:300]}); it was left as it is",
+            code="store_corrupt",
+        )
+
+
+class RunStore:
+    """A handle on the SQLite run store at ``path``.
+
+    ``read_only=False`` (a run) creates the store and its folder when missing; ``read_only=True``
+    (listing, re-rendering) needs an existing store and never writes to it. Either way a file that
+    is not a mmchaos store, or is corrupted, is refused with a :class:`StoreError` and left untouched.
+    """
+
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.read_only = read_only
+        try:
+            self._db = self._open_read_only() if read_only else self._open_for_writing()
+        except sqlite3.DatabaseError as exc:
+            code = "store_corrupt" if "malformed" in str(exc) or "not a database" in str(exc) else "store_error"
+            raise StoreError(f"cannot open run store {self.path}: {exc}", code=code) from exc
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            what = "a folder" if self.path.is_dir() else "missing"
+            raise StoreError(f"no run store at {self.path} ({what})", code="store_missing")
+        if not os.access(self.path, os.R_OK):
+            raise StoreError(f"cannot read run store {self.path}: permission denied", code="store_unreadable")
+        db = _connect_read_only(self.path)
+        try:
+            _verify(db, self.path)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_for_writing(self) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise StoreError(f"--store {self.path} is a folder; give a file path", code="store_unusable")
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            # Check what the file is before writing anything to it.
+            self._open_read_only().close()
+            if not os.access(self.path, os.W_OK):
+                raise StoreError(
+                    f"run store {self.path} is read-only; a run must write to it (use another --store)",
+                    code="store_read_only",
+                )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the folder of --store {self.path}: {exc.strerror or exc}", code="store_unusable"
+            ) from exc
+        if not os.access(self.path.parent, os.W_OK):
+            raise StoreError(
+                f"cannot write in {self.path.parent} (the run store and its journal live there)",
+                code="store_read_only",
+            )
+        db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: store schema {row[0]} is not {SCHEMA_VERSION}; use another --store")
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self._db.close()
@@ -125,6 +229,8 @@ class RunStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise StoreError(f"run store {self.path} was opened read-only", code="store_read_only")
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db

@@ -30,9 +30,11 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Export a white-box target to ONNX (dynamic batch/sequence axes) plus its tokenizer and processor."""
+        from mmchaos.report.files import writable_dir
         from mmchaos.targets import TargetOptions, load_target
         from mmchaos.targets.export import export_onnx
 
+        writable_dir(directory, "export folder")  # before loading the model, not after
         loaded = load_target(
             target, TargetOptions(trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle)
         )

@@ -1,11 +1,19 @@
-"""Rich progress bars behind the library's ProgressSink protocol."""
+"""Rich progress: a bar over the run's checks, and one per long loop inside a check.
+
+On a terminal the checks show as one live bar (``[3/12] batch_invariance``); in a log (CI, a
+pipe) there is no live display, so each finished check prints one ``done`` line instead.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-__all__ = ["RichProgress"]
+from mmchaos.cli._common import verdict_counts
+
+__all__ = ["CheckProgress", "RichProgress"]
 
 
 class _RichTask:
@@ -24,6 +32,7 @@ class RichProgress:
     """One live Progress display; each long loop of a check gets its own bar."""
 
     def __init__(self, console: Console) -> None:
+        self.console = console
         self.progress = Progress(
             TextColumn("[bold blue]{task.description}"),
             BarColumn(),
@@ -33,7 +42,7 @@ class RichProgress:
             transient=True,
         )
 
-    def __enter__(self) -> RichProgress:
+    def __enter__(self) -> Self:
         self.progress.start()
         return self
 
@@ -42,3 +51,29 @@ class RichProgress:
 
     def task(self, description: str, total: int) -> _RichTask:
         return _RichTask(self.progress, self.progress.add_task(description, total=total))
+
+
+class CheckProgress(RichProgress):
+    """The run's checks as one bar (a :class:`mmchaos.runner.RunObserver`), above the checks' own bars."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(console)
+        self._checks: TaskID | None = None
+
+    def planned(self, check_ids: list[str], done: set[str]) -> None:
+        if self.console.is_terminal:
+            self._checks = self.progress.add_task("checks", total=len(check_ids), completed=len(done))
+            self.progress.refresh()
+
+    def started(self, check_id: str) -> None:
+        if self._checks is not None:
+            self.progress.update(self._checks, description=f"checks · {check_id}")
+            self.progress.refresh()
+
+    def finished(self, check_id: str, findings: list[Any]) -> None:
+        if self._checks is not None:
+            self.progress.advance(self._checks)
+            self.progress.refresh()
+        else:
+            counts = verdict_counts([f.verdict.value for f in findings])
+            self.console.print(f"  [bold]{check_id}[/] done: {counts}", highlight=False)

@@ -343,7 +343,15 @@ class BurnRateSLO:
 
     # -- Prometheus rules ------------------------------------------------------------------------
 
-    def prometheus_rules(
+    def prometheus_rules(self, **kwargs: Any) -> dict[str, Any]:
+        """A rules file as a mapping (``{"groups": [group]}``): dump it as YAML and Prometheus loads it.
+
+        Takes the options of :meth:`prometheus_rule_group`. A bare group is not a rules file
+        (promtool refuses it), so this is what to write; combine SLOs with :func:`prometheus_rules_yaml`.
+        """
+        return {"groups": [self.prometheus_rule_group(**kwargs)]}
+
+    def prometheus_rule_group(
         self,
         *,
         errors_expr: str | None = None,
@@ -351,7 +359,8 @@ class BurnRateSLO:
         alert_name: str = "MMChaosSLOErrorBudgetBurn",
         record_prefix: str = "mmchaos_slo",
     ) -> dict[str, Any]:
-        """One rule group: a recording rule per window, one alert per severity (workbook style).
+        """One rule group (an entry of a rules file's ``groups:``): a recording rule per window and
+        one alert per severity, in the workbook's form.
 
         By default the rules read this guard's own counters; ``errors_expr`` and ``total_expr``
         (PromQL with ``{window}`` where the range goes) read any other metrics, e.g.
@@ -405,7 +414,7 @@ class BurnRateSLO:
 
 def prometheus_rules_yaml(slos: Iterable[BurnRateSLO], **kwargs: Any) -> str:
     """One rules file with a group per SLO."""
-    groups = [slo.prometheus_rules(**kwargs) for slo in slos]
+    groups = [slo.prometheus_rule_group(**kwargs) for slo in slos]
     return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)
 
 

@@ -175,7 +175,7 @@ def _steps(steps: list[Json]) -> str:
 def _points(f: Json) -> list[tuple[int, float]]:
     m = f["metrics"]
     keys = ("clean", "s1", "s2", "s3", "s4", "s5")
-    pts = [(s, float(m[k])) for s, k in enumerate(keys) if k in m]
+    pts = [(s, float(m[k])) for s, k in enumerate(keys) if isinstance(m.get(k), int | float)]
     return [(x, y) for x, y in pts if math.isfinite(y)]
 
 
@@ -246,17 +246,38 @@ def _heat(value: float | None) -> str:
     return f'<td class="heat" style="background:hsl({hue:.0f},65%,82%)">{value:.2f}</td>'
 
 
+def _relative_key(metrics: Json) -> str:
+    """The per-severity relative a row shows: the one its gate and ``mean_relative`` use.
+
+    A perturbation that removes content (missing_modality) is judged on the items it left
+    intact (``intact_relative_sN``); showing the all-items relative next to a mean of the intact
+    ones made that row's mean disagree with its own cells.
+    """
+    return "intact_relative_s{}" if any(k.startswith("intact_relative_s") for k in metrics) else "relative_s{}"
+
+
+def _mean_of(values: list[object]) -> float | None:
+    nums = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return sum(nums) / len(nums) if nums else None
+
+
 def _relative_table(curves: list[Json]) -> str:
-    sevs = sorted({s for f in curves for s in range(1, 6) if f"relative_s{s}" in f["metrics"]})
+    sevs = sorted({s for f in curves for s in range(1, 6) if _relative_key(f["metrics"]).format(s) in f["metrics"]})
     head = "".join(f"<th>s{s}</th>" for s in sevs)
     rows = []
     for f in curves:
         m, ev = f["metrics"], f["evidence"]
-        cells = "".join(_heat(m.get(f"relative_s{s}")) for s in sevs)
+        key = _relative_key(m)
+        values = [m.get(key.format(s)) for s in sevs]
+        cells = "".join(_heat(v) for v in values)
+        name = _e(ev.get("perturbation"))
+        if key.startswith("intact"):
+            name += ' <span class="muted" title="quality of the items it left intact">(intact items)</span>'
+        mean = m.get("mean_relative", _mean_of(values))
         rows.append(
-            f"<tr><td>{_e(ev.get('perturbation'))}</td><td>{_e(_group_key(f))}</td>"
+            f"<tr><td>{name}</td><td>{_e(_group_key(f))}</td>"
             f'<td>{_badge(f.get("verdict"))}</td><td class="num">{_num(m["clean"], ".4g")}</td>'
-            f'{cells}<td class="num">{_num(m.get("mean_relative", ""), ".2f")}</td></tr>'
+            f'{cells}<td class="num">{_num(mean, ".2f")}</td></tr>'
         )
     return (
         "<h3>Relative to clean (quality at severity / quality clean)</h3><table><tr>"

@@ -1,4 +1,11 @@
-"""``junit.xml``: one testsuite per step, one testcase per finding, for CI dashboards."""
+"""``junit.xml``: one testsuite per step, one testcase per finding, for CI dashboards.
+
+The document validates against Jenkins' junit-10.xsd (tests/data/junit-10.xsd): ``<testsuites>``
+carries only name/time/tests/failures/errors, so the run id, seed and target go into each suite's
+``<properties>``. A finding's ``time`` is its check's wall time shared among the check's findings,
+so the times add up to the run's. A warning passes (its ``system-out`` starts with ``WARNING:``)
+unless the run is strict, where it is a ``failure`` of type ``warning``.
+"""
 
 from __future__ import annotations
 
@@ -7,40 +14,97 @@ from typing import Any
 
 __all__ = ["render_junit"]
 
+Json = dict[str, Any]
 
-def render_junit(results: dict[str, Any]) -> str:
-    root = ET.Element("testsuites", name=f"mmchaos {results['suite']['name']}", run_id=results["run_id"])
+
+def _metric(finding: Json, name: str, value: float | None) -> str:
+    if value is None:
+        return f"{name} = null ({finding.get('non_finite', {}).get(f'metrics.{name}', 'not measured')})"
+    return f"{name} = {value:.6g}"
+
+
+def _seconds(value: float) -> str:
+    """junit-10.xsd's SUREFIRE_TIME: a plain decimal, never an exponent."""
+    return f"{max(0.0, value):.3f}"
+
+
+def _case_times(results: Json) -> list[float]:
+    """Each finding's share of its check's wall time."""
+    wall = {c["id"]: float(c.get("wall_seconds") or 0.0) for c in results.get("checks", [])}
+    per_check: dict[str, int] = {}
+    for f in results["findings"]:
+        per_check[f["check"]] = per_check.get(f["check"], 0) + 1
+    return [wall.get(f["check"], 0.0) / per_check[f["check"]] for f in results["findings"]]
+
+
+def _is_failure(finding: Json, strict: bool) -> bool:
+    return finding["verdict"] == "fail" or (finding["verdict"] == "warn" and strict)
+
+
+def _testcase(suite: ET.Element, i: int, f: Json, seconds: float, strict: bool) -> None:
+    case = ET.SubElement(
+        suite, "testcase", classname=f"mmchaos.{f['check']}", name=f"{i:03d} {f['title']}", time=_seconds(seconds)
+    )
+    body = "\n".join(
+        [f"{f['message']}", f"gate: {f['gate']}", f"suggestion: {f['suggestion']}"]
+        + [_metric(f, k, v) for k, v in sorted(f["metrics"].items())]
+    )
+    verdict = f["verdict"]
+    if verdict == "fail":
+        ET.SubElement(case, "failure", message=f["title"], type=f["severity"]).text = body
+    elif verdict == "error":
+        ET.SubElement(case, "error", message=f["title"], type=f["severity"]).text = body
+    elif verdict == "warn" and strict:
+        ET.SubElement(case, "failure", message=f"warning (strict): {f['title']}", type="warning").text = body
+    elif verdict == "warn":
+        ET.SubElement(case, "system-out").text = f"WARNING: {f['title']}\n{body}"
+    elif verdict == "skipped":
+        ET.SubElement(case, "skipped", message=f["message"] or f["title"])
+    else:
+        ET.SubElement(case, "system-out").text = body
+
+
+def render_junit(results: Json) -> str:
+    """The junit.xml text of a results document."""
     strict = bool(results["summary"].get("strict"))
-    by_step: dict[str, list[dict[str, Any]]] = {}
-    for finding in results["findings"]:
-        by_step.setdefault(f"{finding['step']}-{finding['step_name']}", []).append(finding)
-    for step_name, findings in by_step.items():
+    findings: list[Json] = results["findings"]
+    times = _case_times(results)
+    by_step: dict[str, list[int]] = {}
+    for i, finding in enumerate(findings):
+        by_step.setdefault(f"{finding['step']}-{finding['step_name']}", []).append(i)
+    root = ET.Element(
+        "testsuites",
+        name=f"mmchaos {results['suite']['name']}",
+        time=_seconds(sum(times)),
+        tests=str(len(findings)),
+        failures=str(sum(_is_failure(f, strict) for f in findings)),
+        errors=str(sum(f["verdict"] == "error" for f in findings)),
+    )
+    properties = {
+        "run_id": results["run_id"],
+        "seed": results.get("seed"),
+        "target": results["target"]["uri"],
+        "suite": results["suite"]["name"],
+        "strict": str(strict).lower(),
+        "mmchaos": (results.get("environment") or {}).get("mmchaos"),
+    }
+    for step_name, indices in by_step.items():
+        mine = [findings[i] for i in indices]
         suite = ET.SubElement(
             root,
             "testsuite",
             name=step_name,
-            tests=str(len(findings)),
-            failures=str(sum(f["verdict"] == "fail" or (f["verdict"] == "warn" and strict) for f in findings)),
-            errors=str(sum(f["verdict"] == "error" for f in findings)),
-            skipped=str(sum(f["verdict"] == "skipped" for f in findings)),
+            tests=str(len(mine)),
+            failures=str(sum(_is_failure(f, strict) for f in mine)),
+            errors=str(sum(f["verdict"] == "error" for f in mine)),
+            skipped=str(sum(f["verdict"] == "skipped" for f in mine)),
+            time=_seconds(sum(times[i] for i in indices)),
         )
-        for i, f in enumerate(findings):
-            case = ET.SubElement(suite, "testcase", classname=f"mmchaos.{f['check']}", name=f"{i:03d} {f['title']}")
-            body = "\n".join(
-                [f"{f['message']}", f"gate: {f['gate']}", f"suggestion: {f['suggestion']}"]
-                + [f"{k} = {v:.6g}" for k, v in sorted(f["metrics"].items())]
-            )
-            if f["verdict"] == "fail":
-                ET.SubElement(case, "failure", message=f["title"], type=f["severity"]).text = body
-            elif f["verdict"] == "error":
-                ET.SubElement(case, "error", message=f["title"], type=f["severity"]).text = body
-            elif f["verdict"] == "warn" and results["summary"].get("strict"):
-                ET.SubElement(case, "failure", message=f"warning (strict): {f['title']}", type="warning").text = body
-            elif f["verdict"] == "warn":
-                ET.SubElement(case, "system-out").text = f"WARNING: {f['title']}\n{body}"
-            elif f["verdict"] == "skipped":
-                ET.SubElement(case, "skipped", message=f["message"] or f["title"])
-            else:
-                ET.SubElement(case, "system-out").text = body
+        props = ET.SubElement(suite, "properties")
+        for name, value in properties.items():
+            if value is not None:
+                ET.SubElement(props, "property", name=name, value=str(value))
+        for i in indices:
+            _testcase(suite, i, findings[i], times[i], strict)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -6,11 +6,12 @@ import datetime as dt
 from typing import Any
 
 from mmchaos.findings import AVAILABLE_STEPS, Finding, Step, Verdict
+from mmchaos.report.strict_json import replace_non_finite
 from mmchaos.store import RunStore
 
 __all__ = ["SCHEMA_VERSION", "build_results", "exit_code_for"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NOT_AVAILABLE = "not available in this version"
 
 
@@ -24,7 +25,16 @@ def exit_code_for(findings: list[Finding], *, strict: bool = False) -> int:
     return 1 if any(f.verdict in gating for f in findings) else 0
 
 
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    """A finding as strict JSON: non-finite numbers are null, listed under ``non_finite``."""
+    doc, reasons = replace_non_finite(finding.to_dict())
+    if reasons:
+        doc["non_finite"] = reasons
+    return dict(doc)
+
+
 def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict[str, Any]:
+    """The results document of ``run_id``: strict JSON (no NaN/Infinity), see docs/results-schema.md."""
     run = store.get_run(run_id)
     findings = store.findings(run_id)
     checks = store.checks(run_id)
@@ -49,7 +59,7 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
         steps.append({"step": int(step), "name": step.label, "status": status, "verdicts": counts})
     code = exit_code_for(findings, strict=strict)
     incomplete = [c.check_id for c in checks if c.status != "done"]
-    return {
+    doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
         "status": run.status,
@@ -81,5 +91,9 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
             }
             for c in checks
         ],
-        "findings": [f.to_dict() for f in findings],
     }
+    doc, reasons = replace_non_finite(doc)
+    if reasons:
+        doc["non_finite"] = reasons
+    doc["findings"] = [_finding_json(f) for f in findings]
+    return doc

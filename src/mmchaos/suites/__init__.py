@@ -14,9 +14,24 @@ from mmchaos.checks import REGISTRY as CHECKS
 from mmchaos.checks.base import AnyCheck
 from mmchaos.errors import ConfigError, UnknownNameError
 
-__all__ = ["BUILTIN_SUITES", "CheckSpec", "SuiteSpec", "build_checks", "format_validation_error", "load_suite"]
+__all__ = [
+    "BUILTIN_SUITES",
+    "CheckSpec",
+    "SuiteSpec",
+    "build_checks",
+    "builtin_suites",
+    "format_validation_error",
+    "load_suite",
+]
 
-BUILTIN_SUITES = ("prelaunch", "quick", "serving")
+
+def builtin_suites() -> tuple[str, ...]:
+    """The built-in suite names: every ``NAME.yaml`` shipped in this package (a new suite is one file)."""
+    files = resources.files("mmchaos.suites").iterdir()
+    return tuple(sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml")))
+
+
+BUILTIN_SUITES = builtin_suites()
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 

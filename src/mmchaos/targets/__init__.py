@@ -38,6 +38,7 @@ SCHEMES: Registry[TargetFactory] = Registry("target scheme", "mmchaos.targets")
 
 
 def _builtin(rest: str, **options: Any) -> Target:
+    """``builtin:NAME``: a model that ships inside the package and loads offline."""
     from mmchaos.targets.builtin import BUILTIN_TARGETS, load_builtin
 
     if rest not in BUILTIN_TARGETS:
@@ -47,6 +48,7 @@ def _builtin(rest: str, **options: Any) -> Target:
 
 
 def _hf(rest: str, **options: Any) -> Target:
+    """``hf:<dir-or-hub-id>``: a transformers CLIP/SigLIP-style model from disk or the local hub cache."""
     from mmchaos.targets.hf import HFContrastiveTarget
 
     return HFContrastiveTarget(

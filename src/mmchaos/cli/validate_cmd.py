@@ -1,0 +1,72 @@
+"""``mmchaos validate``: run a suite against a target, write the reports, exit with the gate result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
+
+__all__ = ["register", "validate_command"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``validate`` command to ``app``."""
+    app.command("validate")(validate_command)
+
+
+def validate_command(
+    target: Annotated[str, typer.Option("--target", "-t", help="target URI")] = "builtin:tiny-clip",
+    suite: Annotated[str, typer.Option("--suite", "-s", help="built-in suite name or YAML file")] = "prelaunch",
+    data: Annotated[
+        str | None, typer.Option("--data", "-d", help="builtin:shapes, builtin:textlines, a folder, .csv or .jsonl")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="report folder")] = DEFAULT_OUT,
+    store_path: StoreOpt = DEFAULT_STORE,
+    seed: Annotated[int | None, typer.Option("--seed", help="override the suite's seed")] = None,
+    resume: Annotated[str | None, typer.Option("--resume", help="resume run RUN (id, prefix or 'latest')")] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
+    ] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle-weights", help="let hf: targets load non-safetensors weights")
+    ] = False,
+    model: Annotated[str | None, typer.Option("--model", help="openai: targets: the served model name")] = None,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
+    ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
+) -> None:
+    """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
+    from mmchaos.cli.progress import CheckProgress
+    from mmchaos.cli.summary import print_summary
+    from mmchaos.report import prepare_out_dir, write_reports
+    from mmchaos.runner import RunConfig, run_suite
+    from mmchaos.store import RunStore
+    from mmchaos.suites import load_suite
+    from mmchaos.targets import TargetOptions
+
+    prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
+    config = None
+    if resume is None:
+        config = RunConfig(
+            target=target,
+            suite=load_suite(suite),
+            data=data,
+            seed=seed,
+            options=TargetOptions(
+                trust_remote_code=trust_remote_code,
+                use_safetensors=not allow_pickle,
+                model=model,
+                allow_remote=allow_remote,
+            ),
+        )
+    with RunStore(store_path) as store:
+        err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
+        with CheckProgress(err) as progress:
+            result = run_suite(config, store, resume=resume, progress=progress, observer=progress)
+        results = write_reports(store, result.run_id, out_dir, strict=strict)
+    print_summary(out, results, out_dir)
+    raise typer.Exit(results["summary"]["exit_code"])
