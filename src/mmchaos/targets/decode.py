@@ -18,13 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from mmchaos.errors import TargetCallError
-from mmchaos.guard.limits import SizeLimits, check_declared_size
+from mmchaos.guard.limits import PILLOW_MAX_IMAGE_PIXELS, SizeLimits, check_declared_size, working_channels
 
 __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "check_image_array", "decode_image_bytes", "decode_text_bytes", "pil_to_rgb"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+DEFAULT_MAX_IMAGE_PIXELS = PILLOW_MAX_IMAGE_PIXELS
 """Pillow's own default bomb threshold (about 0.25 GB of 24-bit pixels)."""
 
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
@@ -82,7 +82,9 @@ def _bomb_error(exc: Exception) -> TargetCallError:
     return TargetCallError(f"image refused as a decompression bomb: {exc}", code="image_too_large")
 
 
-def decode_image_bytes(blob: bytes, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> npt.NDArray[np.uint8]:
+def decode_image_bytes(
+    blob: bytes, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS, max_side: int | None = None
+) -> npt.NDArray[np.uint8]:
     """Decode an encoded image (PNG, JPEG, GIF, WebP, TIFF, ...) to RGB uint8, or raise typed."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -105,8 +107,9 @@ def decode_image_bytes(blob: bytes, *, max_pixels: int | None = DEFAULT_MAX_IMAG
         raise TargetCallError(f"corrupt image header: {exc}", code="image_undecodable") from exc
     with img:
         width, height = img.size
-        bands = len(img.getbands())
-        problem = check_declared_size((height, width, max(3, bands)), SizeLimits(max_pixels=max_pixels))
+        problem = check_declared_size(
+            (height, width, working_channels(img.mode)), SizeLimits(max_pixels=max_pixels, max_side=max_side)
+        )
         if problem is not None:
             raise TargetCallError(f"image refused before decoding: {problem.message}", code=problem.code)
         try:
@@ -135,7 +138,9 @@ def decode_text_bytes(blob: bytes) -> str:
         ) from exc
 
 
-def check_image_array(image: Any, index: int = 0, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> None:
+def check_image_array(
+    image: Any, index: int = 0, *, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS, max_side: int | None = None
+) -> None:
     """Refuse, with a typed error, an array that is not an ``(H, W, 3)`` uint8 picture of sane size.
 
     For adapters' ``embed_images``/``read_text``: the declared shape is checked in 64-bit
@@ -149,6 +154,6 @@ def check_image_array(image: Any, index: int = 0, *, max_pixels: int | None = DE
         raise TargetCallError(f"image {index}: expected dtype uint8, got {dtype}", code="image_bad_dtype")
     if shape[0] == 0 or shape[1] == 0:
         raise TargetCallError(f"image {index} is empty: {shape}", code="image_empty")
-    problem = check_declared_size(shape, SizeLimits(max_pixels=max_pixels))
+    problem = check_declared_size(shape, SizeLimits(max_pixels=max_pixels, max_side=max_side))
     if problem is not None:
         raise TargetCallError(f"image {index}: {problem.message}", code=problem.code)
