@@ -115,6 +115,26 @@ def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> 
     assert findings[1].metrics["max_abs_diff_this_process_vs_worker"] == 0.0
 
 
+def test_determinism_reports_a_target_that_cannot_load_in_a_worker() -> None:
+    class NotLoadable(bt.ContractSafeTarget):
+        uri = "py:tests.no_such_module:factory"
+
+    findings = _run(Determinism(DeterminismParams(start_timeout_s=60.0)), NotLoadable())
+    assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.ERROR]
+    assert "py:tests.no_such_module:factory" in findings[1].title
+    assert "in a worker process by its URI" in findings[1].message and "no_such_module" in findings[1].message
+
+
+def test_worker_spec_overlays_the_targets_load_options() -> None:
+    from mmchaos.isolation import worker_spec
+
+    class Loaded(bt.ContractSafeTarget):
+        load_options = {"device": "cpu", "dtype": "float32"}
+
+    spec = worker_spec(Loaded(), {"dtype": "float16"}, threads=None)
+    assert (spec.uri, spec.options, spec.threads) == (Loaded.uri, {"device": "cpu", "dtype": "float16"}, None)
+
+
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
     findings = _run(Determinism(), bt.ProcessSaltedTarget())
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.FAIL]
