@@ -128,11 +128,10 @@ def test_determinism_reports_a_target_that_cannot_load_in_a_worker() -> None:
 def test_worker_spec_overlays_the_targets_load_options() -> None:
     from mmchaos.isolation import worker_spec
 
-    class Loaded(bt.ContractSafeTarget):
-        load_options = {"device": "cpu", "dtype": "float32"}
-
-    spec = worker_spec(Loaded(), {"dtype": "float16"}, threads=None)
-    assert (spec.uri, spec.options, spec.threads) == (Loaded.uri, {"device": "cpu", "dtype": "float16"}, None)
+    target = bt.ContractSafeTarget()
+    target.load_options = {"device": "cpu", "dtype": "float32"}
+    spec = worker_spec(target, {"dtype": "float16"}, threads=None)
+    assert (spec.uri, spec.options, spec.threads) == (target.uri, {"device": "cpu", "dtype": "float16"}, None)
 
 
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
