@@ -198,3 +198,15 @@ def test_loader_codes_for_empty_missing_and_truncated(tmp_path: Path) -> None:
             load_image(source)
         assert info.value.code == code, (code, info.value.message)
         assert isinstance(info.value, DataError)
+
+
+def test_a_dataset_row_with_a_giant_declared_image_is_a_data_error(images: Path, tmp_path: Path) -> None:
+    # Pillow's own bomb check raised DecompressionBombError (not OSError) out of the row check.
+    from tests.test_guard_preflight import png_declaring
+
+    (images / "giant.png").write_bytes(png_declaring(50_000, 50_000))
+    f = tmp_path / "eval.csv"
+    f.write_text("image,caption\nimgs/0.png,red\nimgs/giant.png,giant\n")
+    with pytest.raises(DataError, match=r"eval.csv:3: unreadable image .*element") as info:
+        load_dataset(str(f))
+    assert info.value.code == "data_unreadable_image"

@@ -32,7 +32,7 @@ from mmchaos.guard.limits import PILLOW_MAX_IMAGE_PIXELS, SizeLimits, check_decl
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = ["ImageLoadError", "ImageSource", "load_image", "open_upright", "to_rgb"]
+__all__ = ["ImageLoadError", "ImageSource", "load_image", "open_upright", "probe_image", "to_rgb"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,27 @@ def _limits(max_pixels: int | None, max_side: int | None) -> SizeLimits:
     return SizeLimits(max_pixels=max_pixels, max_side=max_side)
 
 
+def _checked_header(fp: IO[bytes], name: str, max_pixels: int | None, max_side: int | None) -> Image.Image:
+    """The opened (not decoded) image, refused first by its declared size."""
+    from PIL import UnidentifiedImageError
+
+    try:
+        img = _identify(fp, name)
+    except UnidentifiedImageError as exc:
+        fp.seek(0)
+        head = fp.read(8)
+        raise ImageLoadError(f"not an image in a known format (starts {head!r})", code="image_undecodable") from exc
+    except (OSError, ValueError, EOFError) as exc:
+        code = "image_truncated" if _truncated(exc) else "image_undecodable"
+        raise ImageLoadError(f"corrupt image header: {exc}", code=code) from exc
+    width, height = img.size
+    problem = check_declared_size((height, width, working_channels(img.mode)), _limits(max_pixels, max_side))
+    if problem is not None:
+        img.close()
+        raise ImageLoadError(f"image refused before decoding: {problem.message}", code=problem.code)
+    return img
+
+
 @contextmanager
 def open_upright(
     source: ImageSource, *, max_pixels: int | None = PILLOW_MAX_IMAGE_PIXELS, max_side: int | None = None
@@ -91,33 +112,16 @@ def open_upright(
     Callers that need another layout than RGB (``mmchaos perturb`` keeps grey and RGBA) convert
     the image themselves; everyone else calls :func:`load_image`.
     """
-    from PIL import ImageOps, UnidentifiedImageError
+    from PIL import ImageOps
 
     fp, name = _source(source)
     try:
-        try:
-            img = _identify(fp, name)
-        except UnidentifiedImageError as exc:
-            fp.seek(0)
-            head = fp.read(8)
-            raise ImageLoadError(
-                f"{name or 'the data'} is not an image in a known format (starts {head!r})", code="image_undecodable"
-            ) from exc
-        except (OSError, ValueError, EOFError) as exc:
-            code = "image_truncated" if _truncated(exc) else "image_undecodable"
-            raise ImageLoadError(f"{name or 'the data'}: corrupt image header: {exc}", code=code) from exc
-        with img:
-            width, height = img.size
-            shape = (height, width, working_channels(img.mode))
-            problem = check_declared_size(shape, _limits(max_pixels, max_side))
-            if problem is not None:
-                where = f"{name}: " if name else ""
-                raise ImageLoadError(f"{where}image refused before decoding: {problem.message}", code=problem.code)
+        with _checked_header(fp, name, max_pixels, max_side) as img:
             try:
                 img.load()
             except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
                 raise ImageLoadError(
-                    f"cannot decode the {img.format} image{f' {name}' if name else ''}: {exc}",
+                    f"cannot decode the {img.format} image: {exc}",
                     code="image_truncated" if _truncated(exc) else "image_undecodable",
                 ) from exc
             try:
@@ -126,6 +130,29 @@ def open_upright(
                 log.warning("ignoring unreadable EXIF orientation: %s", exc)
                 upright = img
             yield upright
+    finally:
+        fp.close()
+
+
+def probe_image(
+    source: ImageSource, *, max_pixels: int | None = PILLOW_MAX_IMAGE_PIXELS, max_side: int | None = None
+) -> tuple[int, int]:
+    """Width and height of a loadable image, checked cheaply: header, declared size, structure.
+
+    No pixel is decoded (datasets check every row this way when they are opened).
+    """
+    fp, name = _source(source)
+    try:
+        with _checked_header(fp, name, max_pixels, max_side) as img:
+            size = img.size
+            try:
+                img.verify()
+            except Exception as exc:  # Pillow's verify raises what the format's parser raises
+                raise ImageLoadError(
+                    f"damaged {img.format} data: {exc}",
+                    code="image_truncated" if _truncated(exc) else "image_undecodable",
+                ) from exc
+            return int(size[0]), int(size[1])
     finally:
         fp.close()
 
