@@ -167,6 +167,7 @@ def test_thread_safety_reports_exceptions_with_their_trace() -> None:
     assert "embed_texts" in bad.evidence["first_exception"]["traceback"]
 
 
+@pytest.mark.integration
 def test_thread_safety_on_real_models(model_dir: Path) -> None:
     params = ThreadSafetyParams(threads=6, calls_per_thread=4)
     good = {f.evidence["method"]: f.verdict for f in _run(ThreadSafety(params), bt.tiny_clip())}
@@ -188,6 +189,7 @@ def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> 
     assert findings[1].metrics["max_abs_diff_this_process_vs_worker"] == 0.0
 
 
+@pytest.mark.integration
 def test_determinism_reports_a_target_that_cannot_load_in_a_worker() -> None:
     class NotLoadable(bt.ContractSafeTarget):
         uri = "py:tests.no_such_module:factory"
@@ -294,6 +296,7 @@ def test_fingerprint_match_probe_catches_a_normalisation_swap_on_the_trained_mod
 # -- through the runner -------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_new_steps_run_through_the_runner_and_reports(tmp_path: Path) -> None:
     from mmchaos.report import write_reports
     from mmchaos.runner import RunConfig, run_suite
