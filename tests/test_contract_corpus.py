@@ -34,18 +34,19 @@ def test_declared_elements_are_exact_and_int32_wrap_is_shown() -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "code"),
+    ("shape", "reason"),
     [
-        ((46_341, 46_341, 1), "element_count_int32_overflow"),
-        ((1, 715_827_883, 3), "element_count_int32_overflow"),  # pixels fit, channels do not
-        ((2**40, 2**40, 3), "element_count_int64_overflow"),
-        ((10, -1, 3), "shape_negative"),
+        ((46_341, 46_341, 1), "int32_elements"),
+        ((1, 715_827_883, 3), "int32_elements"),  # pixels fit, channels do not
+        ((2**40, 2**40, 3), "int64_elements"),
+        ((10, -1, 3), "negative"),
     ],
 )
-def test_check_declared_size_flags_overflow(shape: tuple[int, ...], code: str) -> None:
+def test_check_declared_size_flags_overflow(shape: tuple[int, ...], reason: str) -> None:
     problem = check_declared_size(shape)
-    assert problem is not None and problem.code == code, problem
-    if code == "element_count_int32_overflow":
+    assert problem is not None and problem.reason == reason, problem
+    assert problem.code == ("shape_negative" if reason == "negative" else "element_count_overflow")
+    if reason == "int32_elements":
         assert "32-bit arithmetic would give" in problem.message
 
 
@@ -53,11 +54,15 @@ def test_check_declared_size_other_limits_and_acceptance() -> None:
     assert check_declared_size((2048, 2048, 3)) is None
     assert check_declared_size((1, 1, 3)) is None
     problem = check_declared_size((20_000, 20_000, 3), SizeLimits(max_pixels=89_478_485))
-    assert problem is not None and problem.code == "too_many_pixels"
+    assert problem is not None and (problem.code, problem.reason) == ("image_too_large", "pixels")
     problem = check_declared_size((100, 9000, 3), SizeLimits(max_side=8192))
-    assert problem is not None and problem.code == "side_too_large"
+    assert problem is not None and (problem.code, problem.reason) == ("image_too_large", "side")
     problem = check_declared_size((1000, 1000, 3), SizeLimits(max_bytes=1 << 20), itemsize=4)
-    assert problem is not None and problem.code == "too_many_bytes"
+    assert problem is not None and (problem.code, problem.reason) == ("image_too_large", "bytes")
+    problem = check_declared_size((4, 100, 3), SizeLimits(min_side=8))
+    assert problem is not None and (problem.code, problem.reason) == ("image_too_small", "min_side")
+    problem = check_declared_size((10, 4000, 3), SizeLimits(max_aspect_ratio=200.0))
+    assert problem is not None and (problem.code, problem.reason) == ("bad_aspect_ratio", "aspect_ratio")
 
 
 def test_corpus_is_deterministic_and_complete() -> None:
@@ -100,7 +105,7 @@ def test_default_decoder_rejects_what_it_must_with_stable_codes() -> None:
     assert codes["truncated_png"] == codes["truncated_jpeg"] == "image_truncated"
     assert codes["random_bytes"] == codes["html_error_page"] == "image_undecodable"
     assert codes["decompression_bomb"] == "image_too_large"
-    assert codes["int32_png_50000x50000"] == codes["int32_png_46341x46341"] == "element_count_int32_overflow"
+    assert codes["int32_png_50000x50000"] == codes["int32_png_46341x46341"] == "element_count_overflow"
 
 
 def test_default_decoder_decodes_valid_encodings_exactly() -> None:
@@ -124,7 +129,7 @@ def test_check_image_array_refuses_without_allocating() -> None:
     view = get_case("int32_array_1x715827883x3").build(BASE).data
     with pytest.raises(TargetCallError) as info:
         check_image_array(view)
-    assert info.value.code == "element_count_int32_overflow"
+    assert info.value.code == "element_count_overflow"
     for bad, code in [
         (np.zeros((0, 0, 3), np.uint8), "image_empty"),
         (np.zeros((4, 4), np.uint8), "image_bad_shape"),

@@ -116,3 +116,97 @@ def test_folder_of_class_subfolders(tmp_path: Path) -> None:
 def test_missing_dataset_path() -> None:
     with pytest.raises(DataError, match="dataset not found"):
         load_dataset("/nonexistent/eval.jsonl")
+
+
+# -- the one EXIF-aware image loader (issue 9) ------------------------------------------------------
+
+
+def _exif_rotated_jpeg(path: Path) -> np.ndarray:
+    """A JPEG stored sideways with EXIF orientation 6; returns the upright picture it shows."""
+    upright = np.zeros((24, 40, 3), np.uint8)
+    upright[:, :20] = (250, 10, 10)
+    upright[:, 20:] = (10, 10, 250)
+    stored = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)  # what the camera wrote
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(path, "JPEG", quality=95, exif=exif)
+    return upright
+
+
+def test_targets_datasets_and_the_cli_read_images_through_one_loader(tmp_path: Path) -> None:
+    from mmchaos.cli.perturb_cmd import _read_image
+    from mmchaos.data.base import load_image_file
+    from mmchaos.data.images import load_image
+    from mmchaos.targets.decode import decode_image_bytes
+
+    path = tmp_path / "sideways.jpg"
+    upright = _exif_rotated_jpeg(path)
+    decoded = decode_image_bytes(path.read_bytes())
+    assert decoded.shape == upright.shape, "EXIF orientation applied"
+    # Red on the left, blue on the right (away from the edge, where JPEG's chroma blurs).
+    assert np.abs(decoded[:, :12].astype(int) - upright[:, :12]).max() < 40
+    assert np.abs(decoded[:, 28:].astype(int) - upright[:, 28:]).max() < 40
+    for other in (load_image(path), load_image(path.read_bytes()), load_image_file(path), _read_image(path)):
+        np.testing.assert_array_equal(other, decoded)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "color_type", "code"),
+    [
+        (24_000, 24_000, 6, "element_count_overflow"),  # RGBA: 4 channels while compositing
+        (50_000, 50_000, 2, "element_count_overflow"),
+        (20_000, 20_000, 2, "image_too_large"),
+        (12_000, 12_000, 3, "image_too_large"),  # a palette picture
+    ],
+)
+def test_loader_refuses_declared_sizes_with_preflights_codes(
+    tmp_path: Path, width: int, height: int, color_type: int, code: str
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from mmchaos.data.base import load_image_file
+    from mmchaos.data.images import ImageLoadError, load_image
+    from mmchaos.guard import Preflight, PreflightError
+    from tests.test_guard_preflight import png_declaring
+
+    blob = png_declaring(width, height, color_type)
+    pf = Preflight(registry=CollectorRegistry(), tracer=False, max_pixels=89_478_485, max_side=65_535)
+    with pytest.raises(PreflightError) as guard:
+        pf.image(blob)
+    with pytest.raises(ImageLoadError) as loader:
+        load_image(blob)
+    assert loader.value.code == guard.value.code == code
+    (tmp_path / "big.png").write_bytes(blob)
+    with pytest.raises(DataError, match=code.replace("_", " ").split()[0]) as data:
+        load_image_file(tmp_path / "big.png")
+    assert data.value.code == "data_unreadable_image"
+
+
+def test_loader_codes_for_empty_missing_and_truncated(tmp_path: Path) -> None:
+    from mmchaos.data.images import ImageLoadError, load_image
+
+    good = tmp_path / "good.jpg"
+    _exif_rotated_jpeg(good)
+    cases = {
+        "image_empty": b"",
+        "data_missing_file": tmp_path / "absent.png",
+        "image_truncated": good.read_bytes()[:300],
+        "image_undecodable": b"<html>502 Bad Gateway</html>",
+    }
+    for code, source in cases.items():
+        with pytest.raises(ImageLoadError) as info:
+            load_image(source)
+        assert info.value.code == code, (code, info.value.message)
+        assert isinstance(info.value, DataError)
+
+
+def test_a_dataset_row_with_a_giant_declared_image_is_a_data_error(images: Path, tmp_path: Path) -> None:
+    # Pillow's own bomb check raised DecompressionBombError (not OSError) out of the row check.
+    from tests.test_guard_preflight import png_declaring
+
+    (images / "giant.png").write_bytes(png_declaring(50_000, 50_000))
+    f = tmp_path / "eval.csv"
+    f.write_text("image,caption\nimgs/0.png,red\nimgs/giant.png,giant\n")
+    with pytest.raises(DataError, match=r"eval.csv:3: unreadable image .*element") as info:
+        load_dataset(str(f))
+    assert info.value.code == "data_unreadable_image"

@@ -324,3 +324,45 @@ def test_any_bytes_or_text_is_checked_without_crashing(data: bytes | str) -> Non
             fn(data)  # type: ignore[operator]
         except PreflightError as err:
             assert err.code in PREFLIGHT_CODES
+
+
+# -- one declared-size rule set: Preflight and the targets agree (issue 9) ------------------------
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "color_type", "code"),
+    [
+        (50_000, 50_000, 2, "element_count_overflow"),  # RGB: 7.5e9 elements, past int32
+        (46_341, 46_341, 0, "element_count_overflow"),  # grey, decoded to RGB: past int32
+        (20_000, 20_000, 2, "image_too_large"),  # fits int32, over the pixel limit
+        (100_000, 100, 2, "image_too_large"),  # over the side limit
+    ],
+)
+def test_preflight_and_targets_refuse_the_same_declared_size_with_the_same_code(
+    width: int, height: int, color_type: int, code: str
+) -> None:
+    from mmchaos.errors import TargetCallError
+    from mmchaos.guard.limits import SIZE_CODES
+    from mmchaos.targets.decode import check_image_array, decode_image_bytes
+
+    limits = {"max_pixels": 89_478_485, "max_side": 65_535, "max_aspect_ratio": None}
+    pf = Preflight(registry=CollectorRegistry(), tracer=False, **limits)
+    blob = png_declaring(width, height, color_type)
+    err = reject(pf, "image", blob, code)
+    assert err.http_status == SIZE_CODES[code]
+    with pytest.raises(TargetCallError) as target_err:
+        decode_image_bytes(blob, max_pixels=89_478_485, max_side=65_535)
+    assert target_err.value.code == code
+    # The same declared size as an array (a zero-stride view: nothing is allocated).
+    view = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (height, width, 3), (0, 0, 0))
+    with pytest.raises(TargetCallError) as array_err:
+        check_image_array(view, max_pixels=89_478_485, max_side=65_535)
+    if color_type == 2:  # an RGB header and an RGB array declare the same elements
+        assert array_err.value.code == code
+
+
+def test_preflight_size_codes_come_from_the_one_rule_set() -> None:
+    from mmchaos.guard.limits import SIZE_CODES
+
+    for code, status in SIZE_CODES.items():
+        assert PREFLIGHT_CODES[code] == status, code

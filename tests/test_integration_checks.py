@@ -66,6 +66,79 @@ def test_thread_safety_fails_a_shared_preprocessing_buffer() -> None:
     assert findings["embed_texts"].verdict == Verdict.PASS
 
 
+class LastBitJitterTarget(bt.ContractSafeTarget):
+    """Correct, but like a server with dynamic batching: each call's floats differ in the last bits.
+
+    The relative change is ~1e-7 (one float32 ulp), new on every call, so no two runs are
+    bit-identical, though every answer is the same.
+    """
+
+    def _jitter(self, out: Any) -> Any:
+        import numpy as np
+
+        rng = np.random.default_rng()
+        wide = np.asarray(out, np.float64)
+        return (wide * (1.0 + 1e-7 * rng.standard_normal(wide.shape))).astype(np.float32)
+
+    def embed_images(self, images: Any) -> Any:
+        return self._jitter(super().embed_images(images))
+
+    def embed_texts(self, texts: Any) -> Any:
+        return self._jitter(super().embed_texts(texts))
+
+
+def test_thread_safety_passes_outputs_that_differ_in_the_last_bits() -> None:
+    # Issue 11: bit-equality failed a correct server whose dynamic batching changes floats by 1e-7.
+    findings = _run(ThreadSafety(ThreadSafetyParams(threads=4, calls_per_thread=3)), LastBitJitterTarget())
+    by_method = {f.evidence["method"]: f for f in findings}
+    assert {m: f.verdict for m, f in by_method.items()} == {
+        "embed_images": Verdict.PASS,
+        "embed_encoded_images": Verdict.PASS,
+        "embed_texts": Verdict.PASS,
+    }
+    for f in findings:  # the deviation is measured and reported, not hidden
+        assert 0.0 < f.metrics["max_abs_diff"] < 1e-5, f.metrics
+        assert 0.0 <= f.metrics["max_deviation"] < 1e-6 and f.metrics["top1_agreement"] == 1.0
+        assert f.metrics["sequential_noise"] > 0.0
+        assert "1 - cosine" in f.gate
+
+
+def test_thread_safety_gate_can_still_demand_bit_equality() -> None:
+    from mmchaos.checks.integration.thread_safety import ThreadSafetyGate
+
+    strict = ThreadSafety(
+        ThreadSafetyParams(threads=2, calls_per_thread=1), ThreadSafetyGate(max_cosine_deviation=0.0, max_abs_diff=0.0)
+    )
+    findings = _run(strict, LastBitJitterTarget())
+    assert {f.verdict for f in findings} == {Verdict.ERROR}  # two sequential runs already differ
+    assert all("inconclusive" in f.title for f in findings)
+
+
+def test_thread_safety_shared_buffer_fails_with_the_deviation_reported() -> None:
+    findings = {f.evidence["method"]: f for f in _run(ThreadSafety(), bt.SharedBufferNumpyTarget())}
+    bad = findings["embed_images"]
+    assert bad.verdict == Verdict.FAIL
+    assert bad.metrics["max_deviation"] > 1e-4 and bad.metrics["mismatches"] > 0
+
+
+@pytest.mark.integration
+def test_thread_safety_over_http_tolerates_last_bit_differences() -> None:
+    from mmchaos.server import ServerThread
+    from mmchaos.targets import load_target
+
+    with ServerThread(LastBitJitterTarget()) as srv:
+        remote = load_target(f"openai:{srv.base_url}")
+        try:
+            findings = _run(ThreadSafety(ThreadSafetyParams(threads=4, calls_per_thread=2, encoded=False)), remote)
+        finally:
+            remote.close()  # type: ignore[attr-defined]
+    assert {f.evidence["method"]: f.verdict for f in findings} == {
+        "embed_images": Verdict.PASS,
+        "embed_texts": Verdict.PASS,
+    }
+    assert max(f.metrics["max_abs_diff"] for f in findings) > 0.0, "the jitter crossed HTTP and was measured"
+
+
 def test_thread_safety_reports_exceptions_with_their_trace() -> None:
     class NotReentrant(bt.ContractSafeTarget):
         """Like the tokenizers library: a second concurrent caller finds the state borrowed."""
@@ -94,6 +167,7 @@ def test_thread_safety_reports_exceptions_with_their_trace() -> None:
     assert "embed_texts" in bad.evidence["first_exception"]["traceback"]
 
 
+@pytest.mark.integration
 def test_thread_safety_on_real_models(model_dir: Path) -> None:
     params = ThreadSafetyParams(threads=6, calls_per_thread=4)
     good = {f.evidence["method"]: f.verdict for f in _run(ThreadSafety(params), bt.tiny_clip())}
@@ -113,6 +187,26 @@ def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> 
         ("cross_process", Verdict.PASS),
     ]
     assert findings[1].metrics["max_abs_diff_this_process_vs_worker"] == 0.0
+
+
+@pytest.mark.integration
+def test_determinism_reports_a_target_that_cannot_load_in_a_worker() -> None:
+    class NotLoadable(bt.ContractSafeTarget):
+        uri = "py:tests.no_such_module:factory"
+
+    findings = _run(Determinism(DeterminismParams(start_timeout_s=60.0)), NotLoadable())
+    assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.ERROR]
+    assert "py:tests.no_such_module:factory" in findings[1].title
+    assert "in a worker process by its URI" in findings[1].message and "no_such_module" in findings[1].message
+
+
+def test_worker_spec_overlays_the_targets_load_options() -> None:
+    from mmchaos.isolation import worker_spec
+
+    target = bt.ContractSafeTarget()
+    target.load_options = {"device": "cpu", "dtype": "float32"}
+    spec = worker_spec(target, {"dtype": "float16"}, threads=None)
+    assert (spec.uri, spec.options, spec.threads) == (target.uri, {"device": "cpu", "dtype": "float16"}, None)
 
 
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
@@ -202,6 +296,7 @@ def test_fingerprint_match_probe_catches_a_normalisation_swap_on_the_trained_mod
 # -- through the runner -------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_new_steps_run_through_the_runner_and_reports(tmp_path: Path) -> None:
     from mmchaos.report import write_reports
     from mmchaos.runner import RunConfig, run_suite

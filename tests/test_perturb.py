@@ -217,6 +217,38 @@ def test_multimodal_perturbation_changes_only_its_fields(name: str) -> None:
     assert changed and changed <= owned, changed
 
 
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_a_stacked_image_array_is_a_batch_and_comes_back_stacked(name: str) -> None:
+    # Issue 11: get(name)(batch) refused an (N, H, W, 3) uint8 array as "one item".
+    stack = np.stack(IMAGES[:3])
+    out, applied = perturb.get(name)(stack, severity=3, rng=7)
+    as_list, _ = perturb.get(name)(list(stack), severity=3, rng=7)
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint8 and len(out) == 3
+    np.testing.assert_array_equal(out, np.stack(as_list))
+    replayed = perturb.get(name).replay(stack, applied)
+    assert isinstance(replayed, np.ndarray)
+    np.testing.assert_array_equal(replayed, out)
+    clean, record = perturb.get(name)(stack, severity=0)
+    assert isinstance(clean, np.ndarray) and clean is not stack and len(record.items) == 3
+    np.testing.assert_array_equal(clean, stack)
+
+
+def test_stacked_arrays_that_are_not_batches_are_refused() -> None:
+    with pytest.raises(ConfigError, match="not one item"):
+        perturb.get("gaussian_noise")(IMAGES[0])  # (H, W, 3): one picture
+    with pytest.raises(ConfigError, match="not one item"):
+        perturb.get("keyboard_typo")(np.stack(IMAGES[:2]))  # text perturbations take texts
+    with pytest.raises(ConfigError, match="uint8"):
+        perturb.get("gaussian_noise")(np.stack(IMAGES[:2]).astype(np.float32))
+    # Wide pictures, some turned by 90 degrees, no longer stack: a clear error, never a silent list.
+    wide = np.zeros((8, 16, 32, 3), np.uint8)
+    with pytest.raises(ConfigError, match="give the batch as a list") as info:
+        perturb.get("exif_rotation")(wide, severity=5, rng=0)
+    assert info.value.code == "unstackable_output"
+    out, _ = perturb.get("exif_rotation")(list(wide), severity=5, rng=0)
+    assert {o.shape for o in out} == {(16, 32, 3), (32, 16, 3)}
+
+
 def test_unknown_name_suggests_close_matches() -> None:
     with pytest.raises(UnknownNameError, match="gaussian_noise"):
         perturb.get("gausian_noise")

@@ -293,3 +293,18 @@ def test_reading_order_groups_lines_then_sorts_left_to_right() -> None:
     ]
     assert _reading_order(boxes) == [2, 1, 3, 0]
     assert _reading_order([]) == []
+
+
+def test_grey_arrays_are_size_checked_as_the_rgb_array_they_become() -> None:
+    # A (30000, 30000) grey view is 9e8 elements, but the (H, W, 3) copy ppocr builds is 2.7e9:
+    # refused for int32 overflow, with the code every other decoder and Preflight give.
+    from mmchaos.targets.decode import check_image_array
+    from mmchaos.targets.ppocr import _to_bgr
+
+    grey = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (30_000, 30_000), (0, 0))
+    rgb = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (30_000, 30_000, 3), (0, 0, 0))
+    with pytest.raises(TargetCallError) as from_grey:
+        _to_bgr(grey, 0)
+    with pytest.raises(TargetCallError) as from_rgb:
+        check_image_array(rgb, max_pixels=None)
+    assert from_grey.value.code == from_rgb.value.code == "element_count_overflow"

@@ -21,14 +21,23 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import IO, Any
 
 from mmchaos.errors import MMChaosError, TargetLoadError
 
-__all__ = ["ErrorInfo", "InProcessRunner", "JobResult", "WorkerPool", "WorkerSpec", "describe_exception"]
+__all__ = [
+    "ErrorInfo",
+    "InProcessRunner",
+    "JobResult",
+    "WorkerPool",
+    "WorkerSpec",
+    "describe_exception",
+    "start_pool",
+    "worker_spec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -412,6 +421,32 @@ class WorkerPool:
             got = self._on_message(i, timeout)
             results.append(got[0][1] if got else JobResult("error", detail="no result"))
         return results
+
+
+def worker_spec(target: Any, options: Mapping[str, Any] | None = None, **fields: Any) -> WorkerSpec:
+    """How to load ``target`` again in a worker: its URI, its load options overlaid by ``options``.
+
+    ``target`` is the real target (unwrapped), since workers load it by URI; ``fields`` are the
+    other :class:`WorkerSpec` fields (threads, memory limit, accepted errors, context).
+    """
+    merged = {**dict(getattr(target, "load_options", None) or {}), **dict(options or {})}
+    return WorkerSpec(uri=str(target.uri), options=merged, **fields)
+
+
+def start_pool(spec: WorkerSpec, handler: Handler, *, workers: int, start_timeout: float) -> WorkerPool:
+    """A started pool, each worker with the target loaded; or :class:`TargetLoadError`.
+
+    The error's message says that the target could not be loaded *in a worker by its URI*, which
+    is what a check reports (and what a user fixes: a loadable URI, or in-process isolation).
+    """
+    pool = WorkerPool(spec, handler, workers=workers, start_timeout=start_timeout)
+    try:
+        pool.start()
+    except TargetLoadError as exc:
+        raise TargetLoadError(
+            f"the target cannot be loaded in a worker process by its URI {spec.uri!r}: {exc.message}"
+        ) from exc
+    return pool
 
 
 class InProcessRunner:

@@ -151,12 +151,10 @@ def _read_text(path: Path) -> str:
 
 def _read_image(path: Path) -> Any:
     """Decode keeping the layout mmchaos perturbs: L stays gray, transparency stays RGBA, rest RGB."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from mmchaos.data.images import ImageLoadError, open_upright
 
     try:
-        with Image.open(path) as opened:
-            opened.load()
-            img: Image.Image = ImageOps.exif_transpose(opened) or opened
+        with open_upright(path) as img:
             if img.mode in ("L", "RGB", "RGBA"):
                 pass
             elif img.mode in ("LA", "PA") or (img.mode == "P" and "transparency" in img.info):
@@ -168,9 +166,11 @@ def _read_image(path: Path) -> Any:
             else:
                 img = img.convert("RGB")
             return np.asarray(img, dtype=np.uint8).copy()
-    except FileNotFoundError as exc:
-        raise DataError(f"input not found: {path}", code="data_missing_file") from exc
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except ImageLoadError as exc:
+        if exc.code == "data_missing_file":
+            raise DataError(f"input not found: {path}", code="data_missing_file") from exc
+        raise DataError(f"cannot read image {path}: {exc.message}", code="data_unreadable_image") from exc
+    except (OSError, ValueError) as exc:  # a mode conversion Pillow cannot do
         raise DataError(f"cannot read image {path}: {exc}", code="data_unreadable_image") from exc
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mmchaos.data.images import ImageLoadError, load_image
 from mmchaos.errors import DataError
 
 __all__ = ["Dataset", "Sample", "load_image_file"]
@@ -22,18 +23,13 @@ ImageArray = npt.NDArray[np.uint8]
 
 
 def load_image_file(path: Path) -> ImageArray:
-    """Decode an image file to an RGB uint8 array, EXIF orientation applied."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
+    """Decode an image file to an RGB uint8 array, EXIF orientation applied (the shared loader)."""
     try:
-        with Image.open(path) as img:
-            img.load()
-            upright = ImageOps.exif_transpose(img) or img
-            return np.asarray(upright.convert("RGB"), dtype=np.uint8)
-    except FileNotFoundError as exc:
-        raise DataError(f"image file not found: {path}", code="data_missing_file") from exc
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise DataError(f"cannot read image {path}: {exc}", code="data_unreadable_image") from exc
+        return load_image(path)
+    except ImageLoadError as exc:
+        if exc.code == "data_missing_file":
+            raise DataError(exc.message, code="data_missing_file") from exc
+        raise DataError(f"cannot read image {path}: {exc.message}", code="data_unreadable_image") from exc
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos.data.base import Dataset, Sample
+from mmchaos.data.images import ImageLoadError, probe_image
 from mmchaos.errors import DataError
 
 __all__ = ["IMAGE_SUFFIXES", "load_csv", "load_folder", "load_jsonl"]
@@ -22,16 +23,13 @@ FIELDS = ("image", "caption", "label", "text", "id")
 
 
 def _check_image(path: Path, where: str) -> None:
-    """Fail now, with the row, on a missing or unidentifiable image (header only, cheap)."""
-    from PIL import Image, UnidentifiedImageError
-
+    """Fail now, with the row, on a missing, unidentifiable or oversized image (header only, cheap)."""
     if not path.is_file():
         raise DataError(f"{where}: image file not found: {path}", code="data_missing_file")
     try:
-        with Image.open(path) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise DataError(f"{where}: unreadable image {path}: {exc}", code="data_unreadable_image") from exc
+        probe_image(path)
+    except ImageLoadError as exc:
+        raise DataError(f"{where}: unreadable image {path}: {exc.message}", code="data_unreadable_image") from exc
 
 
 def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> Sample:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mmchaos.errors import MMChaosError
 from mmchaos.guard import _telemetry
 from mmchaos.guard._config import build_config, load_yaml_config
+from mmchaos.guard.limits import INT32_MAX, SIZE_CODES, SizeLimits, check_declared_size, working_channels
 
 __all__ = [
     "PREFLIGHT_CODES",
@@ -49,8 +50,11 @@ ImageArray = npt.NDArray[np.uint8]
 A = TypeVar("A")
 R = TypeVar("R")
 
-#: Every rejection code and the HTTP status a server answers with it.
+#: Every rejection code and the HTTP status a server answers with it. The declared-size codes
+#: (``element_count_overflow``, ``image_too_large``, ``image_too_small``, ``bad_aspect_ratio``)
+#: come from :mod:`mmchaos.guard.limits`, the rule set the targets' decoders use too.
 PREFLIGHT_CODES: Mapping[str, int] = {
+    **SIZE_CODES,
     "empty_input": 400,
     "bad_input_type": 400,
     "bad_image": 400,
@@ -59,15 +63,11 @@ PREFLIGHT_CODES: Mapping[str, int] = {
     "bad_data_url": 400,
     "bad_array": 400,
     "payload_too_large": 413,
-    "image_too_large": 413,
-    "element_count_overflow": 413,
     "decompression_bomb": 413,
     "text_too_long": 413,
     "too_many_tokens": 413,
     "unsupported_format": 415,
     "unsupported_mode": 415,
-    "image_too_small": 422,
-    "bad_aspect_ratio": 422,
     "animated_image": 422,
     "non_finite": 422,
 }
@@ -169,7 +169,6 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-_INT32_MAX = 2**31 - 1
 # How Pillow's decoders say that the data stopped early (they raise OSError or SyntaxError).
 _TRUNCATION_HINTS = ("truncated", "premature end", "requires a buffer", "not enough data")
 
@@ -187,7 +186,7 @@ class InputContract(BaseModel):
     max_aspect_ratio: float | None = Field(200.0, ge=1.0)
     #: Largest element count (width x height x channels, in the widest intermediate) allowed;
     #: the default keeps every index into the decoded array within int32.
-    max_elements: int = Field(_INT32_MAX, ge=1)
+    max_elements: int = Field(INT32_MAX, ge=1)
     formats: frozenset[str] = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP"})
     modes: frozenset[str] = _DEFAULT_MODES
     #: Decoded bytes per encoded byte above which a large image is a bomb. PNG's deflate cannot
@@ -309,6 +308,14 @@ class Preflight:
         **limits: Any,
     ) -> None:
         self.contract = build_config(InputContract, contract, limits, "input contract")
+        c = self.contract
+        self._size_limits = SizeLimits(
+            max_elements=c.max_elements,
+            max_pixels=c.max_pixels,
+            max_side=c.max_side,
+            min_side=c.min_side,
+            max_aspect_ratio=c.max_aspect_ratio,
+        )
         self.name = name
         self.token_counter = token_counter
         self.registry = _telemetry.resolve_registry(registry)
@@ -502,52 +509,15 @@ class Preflight:
         raise _reject("bad_image", "the data is not a recognised image")
 
     def _check_size(self, width: int, height: int, channels: int) -> None:
-        """Refuse from the declared size alone, before any pixel buffer exists."""
-        c = self.contract
-        # Python ints are exact at any size: no int32 (or int64) wrap-around can hide a huge image.
-        pixels = int(width) * int(height)
-        elements = pixels * int(channels)
-        if elements > c.max_elements:
-            raise _reject(
-                "element_count_overflow",
-                f"{width}x{height}x{channels} is {elements} elements; the limit is {c.max_elements}",
-                width=width,
-                height=height,
-                elements=elements,
-                limit=c.max_elements,
-            )
-        if pixels > c.max_pixels or max(width, height) > c.max_side:
-            raise _reject(
-                "image_too_large",
-                f"{width}x{height} exceeds {c.max_pixels} pixels or {c.max_side} px per side",
-                width=width,
-                height=height,
-                max_pixels=c.max_pixels,
-                max_side=c.max_side,
-            )
-        if min(width, height) < c.min_side:
-            raise _reject(
-                "image_too_small",
-                f"{width}x{height} is below {c.min_side} px per side",
-                width=width,
-                height=height,
-                min_side=c.min_side,
-            )
-        if c.max_aspect_ratio is not None and max(width, height) > c.max_aspect_ratio * min(width, height):
-            raise _reject(
-                "bad_aspect_ratio",
-                f"{width}x{height} is more elongated than {c.max_aspect_ratio}:1",
-                width=width,
-                height=height,
-                max_aspect_ratio=c.max_aspect_ratio,
-            )
+        """Refuse from the declared size alone, before any pixel buffer exists (the shared rules)."""
+        problem = check_declared_size((height, width, channels), self._size_limits)
+        if problem is not None:
+            raise _reject(problem.code, problem.message, **problem.detail)
 
     def _check_header(self, width: int, height: int, mode: str, fmt: str, encoded: int) -> None:
         c = self.contract
         bands = Image.getmodebands(mode) if mode in _CONVERTIBLE_MODES else 4
-        # The widest array the decode holds: RGBA while compositing alpha, else the RGB output.
-        channels = 4 if mode in _ALPHA_MODES or mode == "P" else max(bands, 3)
-        self._check_size(width, height, channels)
+        self._check_size(width, height, working_channels(mode))
         if mode not in c.modes:
             raise _reject(
                 "unsupported_mode",

@@ -1,9 +1,11 @@
 """Severity-graded, seeded, replayable perturbations of images, texts and multimodal samples.
 
 ``get(name)(batch, severity=3, rng=seed) -> (batch, applied)``; ``get(name).replay(batch,
-applied)`` reproduces the output bit for bit. :func:`select` resolves names and groups (as suite
-files give them). This package imports neither torch nor transformers (the saliency and
-meaning-kept code import them lazily, inside the calls that need them). Third-party
+applied)`` reproduces the output bit for bit. A batch is a list of items or, for image
+perturbations, a stacked ``(N, H, W[, C])`` uint8 array, which comes back stacked.
+:func:`select` resolves names and groups (as suite files give them). This package imports
+neither torch nor transformers (the saliency and meaning-kept code import them lazily, inside
+the calls that need them). Third-party
 perturbations register through the ``mmchaos.perturbations`` entry-point group (value:
 ``"module:Class"``).
 """

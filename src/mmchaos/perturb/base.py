@@ -19,7 +19,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -165,37 +165,82 @@ class Perturbation(Generic[Item]):
         """Whether the item with these parameters was changed at all (see ``removes_content``)."""
         return True
 
+    @overload
+    def __call__(
+        self, batch: npt.NDArray[Any], severity: int = 3, rng: np.random.Generator | int | None = None
+    ) -> tuple[npt.NDArray[Any], Applied]: ...
+
+    @overload
     def __call__(
         self, batch: Sequence[Item], severity: int = 3, rng: np.random.Generator | int | None = None
-    ) -> tuple[list[Item], Applied]:
-        severity = check_severity(severity)
-        self._check_items(batch)
-        if severity == 0:
-            return [copy.copy(item) for item in batch], Applied(self.name, 0, tuple({} for _ in batch))
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        params = self.sample_batch(batch, severity, gen)
-        return self.apply_batch(batch, params), Applied(self.name, severity, tuple(params))
+    ) -> tuple[list[Item], Applied]: ...
 
-    def replay(self, batch: Sequence[Item], applied: Applied) -> list[Item]:
+    def __call__(
+        self, batch: Sequence[Item] | npt.NDArray[Any], severity: int = 3, rng: np.random.Generator | int | None = None
+    ) -> tuple[list[Item] | npt.NDArray[Any], Applied]:
+        """Perturb a batch: a list of items, or (images) a stacked ``(N, H, W[, C])`` array.
+
+        A stacked array comes back stacked; a list comes back a list.
+        """
+        severity = check_severity(severity)
+        items = self._items(batch)
+        if severity == 0:
+            clean = [copy.copy(item) for item in items]
+            return self._same_kind(batch, clean), Applied(self.name, 0, tuple({} for _ in items))
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        params = self.sample_batch(items, severity, gen)
+        return self._same_kind(batch, self.apply_batch(items, params)), Applied(self.name, severity, tuple(params))
+
+    @overload
+    def replay(self, batch: npt.NDArray[Any], applied: Applied) -> npt.NDArray[Any]: ...
+
+    @overload
+    def replay(self, batch: Sequence[Item], applied: Applied) -> list[Item]: ...
+
+    def replay(self, batch: Sequence[Item] | npt.NDArray[Any], applied: Applied) -> list[Item] | npt.NDArray[Any]:
         if applied.name != self.name:
             raise ConfigError(f"record is for {applied.name!r}, not {self.name!r}", code="replay_mismatch")
         if len(applied.items) != len(batch):
             raise ConfigError(
                 f"record holds {len(applied.items)} items, the batch {len(batch)}", code="replay_mismatch"
             )
-        self._check_items(batch)
+        items = self._items(batch)
         if check_severity(applied.severity) == 0:
-            return [copy.copy(item) for item in batch]
-        return self.apply_batch(batch, applied.items)
+            return self._same_kind(batch, [copy.copy(item) for item in items])
+        return self._same_kind(batch, self.apply_batch(items, applied.items))
 
-    def _check_items(self, batch: Sequence[Any]) -> None:
-        if isinstance(batch, str | bytes | np.ndarray):
+    def _items(self, batch: Sequence[Item] | npt.NDArray[Any]) -> list[Item]:
+        """The batch as a list of items; a stacked array is accepted where :meth:`_stackable` says."""
+        if isinstance(batch, np.ndarray) and self._stackable(batch):
+            items: list[Item] = list(batch)
+        elif isinstance(batch, str | bytes | np.ndarray):
             raise ConfigError(f"{self.name}: give a batch (a list of items), not one item", code="bad_batch")
-        for item in batch:
+        else:
+            items = list(batch)
+        for item in items:
             if not isinstance(item, self.item_type):
                 raise ConfigError(
                     f"{self.name} perturbs {self.modality} items, got {type(item).__name__}", code="bad_item_type"
                 )
+        return items
+
+    def _stackable(self, batch: npt.NDArray[Any]) -> bool:
+        """Whether ``batch`` is a stack of items (only image perturbations take one)."""
+        return False
+
+    def _same_kind(self, batch: object, out: list[Item]) -> list[Item] | npt.NDArray[Any]:
+        """``out`` as the caller gave the batch: stacked again for a stacked array."""
+        if not isinstance(batch, np.ndarray):
+            return out
+        arrays = [np.asarray(o) for o in out]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            raise ConfigError(
+                f"{self.name} gave items of different shapes {sorted(shapes)}, which do not stack; "
+                "give the batch as a list to get a list back",
+                code="unstackable_output",
+            )
+        return np.stack(arrays) if arrays else batch.copy()
 
     @classmethod
     def summary(cls) -> str:
@@ -213,6 +258,10 @@ class ImagePerturbation(Perturbation[ImageArray]):
 
     modality = Modality.IMAGE
     item_type = np.ndarray
+
+    def _stackable(self, batch: npt.NDArray[Any]) -> bool:
+        # (N, H, W, C): a stack of pictures; (H, W, C) and (H, W) stay "one item" (ambiguous).
+        return batch.ndim == 4
 
     def apply_batch(self, batch: Sequence[ImageArray], params: Sequence[dict[str, Any]]) -> list[ImageArray]:
         return [self._apply_any_layout(item, p) for item, p in zip(batch, params, strict=True)]

@@ -42,7 +42,7 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError
-from mmchaos.guard.limits import SizeLimits, check_declared_size
+from mmchaos.guard.limits import PILLOW_MAX_IMAGE_PIXELS, SizeLimits, check_declared_size
 from mmchaos.targets.base import (
     Capability,
     Fingerprint,
@@ -72,7 +72,7 @@ def _version(dist: str) -> str:
     return "unknown"
 
 
-MAX_IMAGE_PIXELS = 89_478_485  # Pillow's decompression-bomb limit; a text line is far smaller
+MAX_IMAGE_PIXELS = PILLOW_MAX_IMAGE_PIXELS  # a text line is far smaller
 
 
 def _to_bgr(image: Any, index: int) -> np.ndarray:
@@ -82,7 +82,9 @@ def _to_bgr(image: Any, index: int) -> np.ndarray:
         raise TargetCallError(f"image {index}: expected dtype uint8, got {arr.dtype}", code="target_bad_input")
     # The declared shape is checked in 64-bit arithmetic before anything is copied: a zero-stride
     # view of 50000x50000 pixels must be refused, not materialised.
-    problem = check_declared_size(arr.shape, SizeLimits(max_pixels=MAX_IMAGE_PIXELS))
+    # Grey and RGBA are checked as the (H, W, 3) array they become, like every other decoder.
+    shape = (*arr.shape[:2], 3) if arr.ndim in (2, 3) else arr.shape
+    problem = check_declared_size(shape, SizeLimits(max_pixels=MAX_IMAGE_PIXELS))
     if problem is not None:
         raise TargetCallError(f"image {index}: {problem.message}", code=problem.code)
     if arr.ndim == 2:

@@ -31,7 +31,16 @@ from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.guard.limits import INT32_MAX, int32_wrapped_product
-from mmchaos.isolation import ErrorInfo, InProcessRunner, JobResult, WorkerPool, WorkerSpec, describe_exception
+from mmchaos.isolation import (
+    ErrorInfo,
+    InProcessRunner,
+    JobResult,
+    WorkerPool,
+    WorkerSpec,
+    describe_exception,
+    start_pool,
+    worker_spec,
+)
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
@@ -423,9 +432,9 @@ class Contract(Check[ContractParams, ContractGate]):
         options = {**dict(target.load_options), **p.target_options}
         # An address-space limit breaks accelerator runtimes (they reserve huge virtual ranges).
         on_cpu = str(options.get("device", "cpu")).startswith("cpu")
-        spec = WorkerSpec(
-            uri=target.uri,
-            options=options,
+        spec = worker_spec(
+            target,
+            p.target_options,
             threads=p.threads_per_worker,
             memory_limit_mb=p.memory_limit_mb if p.isolation == "subprocess" and on_cpu else 0,
             accepted_errors=tuple(p.accepted_errors),
@@ -434,9 +443,8 @@ class Contract(Check[ContractParams, ContractGate]):
         start = time.perf_counter()
         runner: WorkerPool | InProcessRunner
         if p.isolation == "subprocess":
-            runner = WorkerPool(spec, _job, workers=min(p.workers, len(cases)), start_timeout=p.start_timeout_s)
             try:
-                runner.start()
+                runner = start_pool(spec, _job, workers=min(p.workers, len(cases)), start_timeout=p.start_timeout_s)
             except TargetLoadError as exc:
                 yield self.finding(
                     ctx,

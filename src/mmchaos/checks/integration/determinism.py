@@ -19,7 +19,7 @@ from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.integration.thread_safety import max_difference
 from mmchaos.errors import TargetLoadError
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
-from mmchaos.isolation import JobResult, WorkerPool, WorkerSpec, describe_exception
+from mmchaos.isolation import JobResult, WorkerSpec, describe_exception, start_pool, worker_spec
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
@@ -94,10 +94,9 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         if not p.cross_process:
             return
         inner = unwrap(ctx.target)
-        spec = WorkerSpec(uri=inner.uri, options={**dict(inner.load_options), **p.target_options}, threads=None)
-        pool = WorkerPool(spec, call_job, workers=2, start_timeout=p.start_timeout_s)
+        spec = worker_spec(inner, p.target_options, threads=None)
         try:
-            pool.start()
+            pool = start_pool(spec, call_job, workers=2, start_timeout=p.start_timeout_s)
         except TargetLoadError as exc:
             yield self.finding(
                 ctx,
