@@ -7,10 +7,11 @@ overrides :meth:`~DelegatingTarget.call` (model calls) or a single method, never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from mmchaos.targets.base import Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 
 __all__ = ["DelegatingTarget", "unwrap"]
 
@@ -39,6 +40,27 @@ class DelegatingTarget(Target):
 
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         return self.call(self.inner.read_text, images)
+
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        result: GenerationResult = self.call(self.inner.generate, prompt, images, params)
+        return result
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        # A stream passes through as it is (timing it as one call would hide its first token).
+        fn = getattr(self.inner, "generate_stream", None)
+        if fn is None:
+            return super().generate_stream(prompt, images, params)
+        return iter(fn(prompt, images, params))
 
     def embed_encoded_images(self, blobs: Sequence[bytes]) -> FloatArray:
         fn = getattr(self.inner, "embed_encoded_images", None)
