@@ -148,6 +148,11 @@ class Target:
         """Embed texts given as encoded bytes (what a server receives)."""
         return self.embed_texts([self.decode_text(b) for b in blobs])
 
+    def untested_modalities(self) -> dict[str, str]:
+        """Modalities this target handles in part but that could not be tested, with the reason
+        (e.g. an endpoint that embeds texts but accepted no form of image). Empty: nothing hidden."""
+        return {}
+
     def recorded_fingerprint(self) -> Fingerprint | None:
         """The fingerprint recorded when this artefact was made (an export manifest), if any."""
         return None

@@ -89,6 +89,10 @@ class DelegatingTarget(Target):
         fp = self.inner.fingerprint()
         return fp if isinstance(fp, Fingerprint) else Fingerprint(**dict(fp))
 
+    def untested_modalities(self) -> dict[str, str]:
+        fn = getattr(self.inner, "untested_modalities", None)
+        return {} if fn is None else dict(fn())
+
     def recorded_fingerprint(self) -> Fingerprint | None:
         fn = getattr(self.inner, "recorded_fingerprint", None)
         return None if fn is None else fn()
