@@ -18,7 +18,7 @@ from typing import Any
 
 from mmchaos._lazy import require
 
-__all__ = ["FAMILIES", "build_tiny_vlm", "byte_tokenizer"]
+__all__ = ["FAMILIES", "build_tiny_vlm", "byte_tokenizer", "chat_template"]
 
 HIDDEN = 32
 """Width of every tiny tower: small enough that a family's test runs in seconds on one core."""
@@ -38,7 +38,9 @@ _TEMPLATE = (
 )
 
 
-def _template(roles: dict[str, str], image: str, turn_end: str, gen_prompt: str) -> str:
+def chat_template(roles: dict[str, str], image: str, turn_end: str, gen_prompt: str) -> str:
+    """A Jinja chat template: ``roles`` opens each turn, ``image`` stands for an image part,
+    ``turn_end`` closes a turn and ``gen_prompt`` starts the assistant's answer."""
     values = {"ROLE_OPEN": roles, "IMAGE": image, "TURN_END": turn_end, "GEN_PROMPT": gen_prompt}
     return "".join("{%- set " + k + " = " + json.dumps(v) + " -%}" for k, v in values.items()) + _TEMPLATE
 
@@ -87,7 +89,7 @@ def _llava(out: Path) -> None:
                            vision_feature_layer=-1, vision_feature_select_strategy="default")  # fmt: skip
     config.pad_token_id = ids("<pad>")
     t.LlavaForConditionalGeneration(config).save_pretrained(out)
-    template = _template(
+    template = chat_template(
         {"system": "", "user": "USER: ", "assistant": "ASSISTANT: "}, "<image>\n", "</s>", "ASSISTANT:"
     )
     image_processor = t.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
@@ -122,7 +124,7 @@ def _qwen2_vl(out: Path, *, v25: bool = False) -> None:
         config = t.Qwen2VLConfig(text_config=text, vision_config=vision, **common)
         model = t.Qwen2VLForConditionalGeneration(config)
     model.save_pretrained(out)
-    template = _template(
+    template = chat_template(
         {"system": "<|im_start|>system\n", "user": "<|im_start|>user\n", "assistant": "<|im_start|>assistant\n"},
         "<|vision_start|><|image_pad|><|vision_end|>", "<|im_end|>\n", "<|im_start|>assistant\n")  # fmt: skip
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -146,7 +148,7 @@ def _idefics3(out: Path) -> None:
     config = t.Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, image_token_id=ids("<image>"),
                               pad_token_id=ids("<|endoftext|>"))  # fmt: skip
     t.Idefics3ForConditionalGeneration(config).save_pretrained(out)
-    template = _template({"system": "<|im_start|>System: ", "user": "<|im_start|>User:", "assistant": "Assistant:"},
+    template = chat_template({"system": "<|im_start|>System: ", "user": "<|im_start|>User:", "assistant": "Assistant:"},
                          "<image>", "<end_of_utterance>\n", "Assistant:")  # fmt: skip
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
