@@ -65,6 +65,8 @@ class FakeConfig:
     chat: bool = True
     chat_images: bool = True
     model: str = "fake-vlm"
+    stream_fault: str = ""
+    """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -172,11 +174,17 @@ class _Handler(BaseHTTPRequestHandler):
         pieces = [w if j == 0 else " " + w for j, w in enumerate(text.split(" "))] if text else []
         events = [{"delta": {"role": "assistant"}}] + [{"delta": {"content": p}} for p in pieces]
         events.append({"delta": {}, "finish_reason": choice["finish_reason"]})
-        for event in events:
-            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, **event}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
+        fault = self.server.config.stream_fault
+        for i, event in enumerate(events):
+            chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                     "choices": [{"index": 0, **event}]}  # fmt: skip
+            if fault == "error" and i == 2:
+                chunk = {"error": {"message": "engine died", "code": 500}}
+            self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
+        if fault != "truncate":
+            self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+        self.close_connection = True
 
 
 class _Server(ThreadingHTTPServer):

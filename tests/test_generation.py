@@ -142,3 +142,12 @@ def test_the_delegating_wrapper_passes_generate_through_its_call_hook() -> None:
 )
 def test_hf_dispatch_sends_generation_heads_to_the_vlm_loader(config: dict[str, object], generative: bool) -> None:
     assert is_generative_config(config) is generative
+
+
+def test_oversized_images_are_refused_from_their_shape_before_any_copy() -> None:
+    giant = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (20000, 20000, 3))  # 1.2 GB if materialised
+    for call in (lambda: as_messages("what?", [giant], max_pixels=89_478_485),
+                 lambda: as_messages([Message("user", ("a", IMG, giant))], max_pixels=89_478_485)):  # fmt: skip
+        with pytest.raises(TargetCallError) as info:
+            call()
+        assert info.value.code == "too_many_pixels" and "image" in str(info.value)

@@ -116,6 +116,9 @@ def test_placeholders_without_images_are_a_typed_refusal(vlm: HFVisionLanguageTa
         vlm.generate(f"{placeholder} two placeholders, one image", [IMG], GREEDY)
     assert info.value.code in ("processor_refused", "generate_failed")
     assert "\n" not in str(info.value)
+    with pytest.raises(TargetCallError) as info:  # a stream fails the same way, without hanging
+        list(vlm.generate_stream(f"{placeholder} two placeholders, one image", [IMG], GREEDY))
+    assert info.value.code in ("processor_refused", "generate_failed")
 
 
 def test_describe_names_the_architecture(vlm: HFVisionLanguageTarget) -> None:
@@ -157,3 +160,29 @@ def test_a_vlm_without_a_chat_template_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TargetLoadError) as info:
         load_target(f"hf:{path}")
     assert info.value.code == "chat_template_missing"
+
+
+def test_streamed_deltas_concatenate_to_the_generated_text(vlm: HFVisionLanguageTarget) -> None:
+    params = GenerationParams(max_new_tokens=12)
+    full = vlm.generate("Describe.", [IMG], params)
+    deltas = list(vlm.generate_stream("Describe.", [IMG], params))
+    assert "".join(deltas) == full.text
+    stops = [c for c in full.text[1:] if c.isascii() and c.isprintable() and not c.isspace()]
+    stopped = GenerationParams(max_new_tokens=12, stop=(stops[0],))
+    assert "".join(vlm.generate_stream("Describe.", [IMG], stopped)) == vlm.generate("Describe.", [IMG], stopped).text
+    sampled = GenerationParams(max_new_tokens=8, temperature=1.0, seed=3)
+    assert "".join(vlm.generate_stream("Describe.", [IMG], sampled)) == vlm.generate("Describe.", [IMG], sampled).text
+
+
+def test_a_model_crash_is_a_typed_error_in_generate_and_in_streams(
+    vlm: HFVisionLanguageTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in for a model that crashes mid-generation (a real one would need a real bug).
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\n" + "x" * 5000)
+
+    monkeypatch.setattr(vlm.model, "generate", boom)
+    for call in (lambda: vlm.generate("hi", [IMG]), lambda: list(vlm.generate_stream("hi", [IMG]))):
+        with pytest.raises(TargetCallError) as info:
+            call()
+        assert info.value.code == "generate_failed" and "\n" not in str(info.value) and len(str(info.value)) < 400

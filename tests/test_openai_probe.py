@@ -174,3 +174,15 @@ def test_a_chat_server_that_refuses_images_is_a_visible_gap() -> None:
         assert info.value.code == "bad_request"
         assert target.generate("hello there").text == "hello there"
         target.close()
+
+
+@pytest.mark.parametrize(("fault", "code"), [("truncate", "stream_truncated"), ("error", "stream_error")])
+def test_a_broken_stream_is_an_endpoint_error(fault: str, code: str) -> None:
+    from mmchaos.targets.openai_http import EndpointError
+
+    with fake_openai_server(FakeConfig(stream_fault=fault)) as url:
+        target = load_target(f"openai:{url}")
+        with pytest.raises(EndpointError) as info:
+            list(target.generate_stream("one two three four", [RED], GenerationParams(max_new_tokens=8)))
+        assert info.value.code == code
+        target.close()

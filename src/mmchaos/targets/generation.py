@@ -124,23 +124,26 @@ class GenerationResult:
         return self.completions[0].logprobs
 
 
-def _check_image(part: object, index: int) -> None:
+def _check_image(part: object, index: int, max_pixels: int | None) -> None:
     from mmchaos.targets.decode import check_image_array
 
     if not isinstance(part, np.ndarray):
         raise TargetCallError(f"image {index} is {type(part).__name__}, not an image array", code="bad_content_part")
-    check_image_array(part, index, max_pixels=None)
+    check_image_array(part, index, max_pixels=max_pixels)
 
 
-def as_messages(prompt: str | Sequence[Message], images: Sequence[npt.NDArray[np.uint8]] = ()) -> list[Message]:
+def as_messages(
+    prompt: str | Sequence[Message], images: Sequence[npt.NDArray[np.uint8]] = (), *, max_pixels: int | None = None
+) -> list[Message]:
     """Normalise (prompt, images) or a message list into validated messages.
 
     Images go either with a string prompt or inside the messages, not both: two places for the same
-    thing is how image/placeholder mismatches start.
+    thing is how image/placeholder mismatches start. Every image must be an ``(H, W, 3)`` uint8
+    array of at most ``max_pixels`` (checked from its shape, before any copy).
     """
     if isinstance(prompt, str):
         for i, image in enumerate(images):
-            _check_image(image, i)
+            _check_image(image, i, max_pixels)
         return [Message("user", (*images, prompt) if len(images) else prompt)]
     if len(images):
         raise TargetCallError("give images inside the messages or with a string prompt, not both", code="bad_messages")
@@ -155,7 +158,7 @@ def as_messages(prompt: str | Sequence[Message], images: Sequence[npt.NDArray[np
             raise TargetCallError(f"message {i} has unknown role {m.role!r}", code="bad_messages")
         for part in m.parts():
             if not isinstance(part, str):
-                _check_image(part, n_images)
+                _check_image(part, n_images, max_pixels)
                 n_images += 1
     return messages
 

@@ -249,7 +249,7 @@ class HFVisionLanguageTarget(Target):
         Mismatched images and placeholders, or images the processor cannot take, are a typed
         refusal (``processor_refused``), never a crash in the model.
         """
-        messages = as_messages(prompt, images)
+        messages = as_messages(prompt, images, max_pixels=self.max_image_pixels)
         text = self.render(messages)
         pictures = [img for m in messages for img in m.images()]
         try:
@@ -290,20 +290,10 @@ class HFVisionLanguageTarget(Target):
 
         return seeded()
 
-    def generate(
-        self,
-        prompt: str | Sequence[Message],
-        images: Sequence[ImageArray] = (),
-        params: GenerationParams | None = None,
-    ) -> GenerationResult:
-        params = params or GenerationParams()
-        inputs = self.build_inputs(prompt, images)
-        prompt_len = int(inputs["input_ids"].shape[1])
+    def _generate_kwargs(self, params: GenerationParams, prompt_len: int) -> dict[str, Any]:
         pad = self.tokenizer.pad_token_id
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
-            "return_dict_in_generate": True,
-            "output_logits": True,
             "pad_token_id": pad if pad is not None else next(iter(self._eos_ids()), 0),
         }
         if params.greedy:
@@ -314,6 +304,19 @@ class HFVisionLanguageTarget(Target):
                           num_return_sequences=params.n)  # fmt: skip
         if params.stop:
             kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, prompt_len, params.stop)]
+        return kwargs
+
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        params = params or GenerationParams()
+        inputs = self.build_inputs(prompt, images)
+        prompt_len = int(inputs["input_ids"].shape[1])
+        kwargs = self._generate_kwargs(params, prompt_len)
+        kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
             try:
                 out = self.model.generate(**inputs, **kwargs)
@@ -325,6 +328,56 @@ class HFVisionLanguageTarget(Target):
         return GenerationResult(
             completions=tuple(rows), prompt_tokens=prompt_len, extra={"image_tokens": self.count_image_tokens(inputs)}
         )
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        """Text deltas as the model produces them (transformers' TextIteratorStreamer); their
+        concatenation equals :meth:`generate`'s text for the same request, stop strings included."""
+        transformers = require("transformers")
+        params = params or GenerationParams()
+        if params.n != 1:
+            raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
+        inputs = self.build_inputs(prompt, images)
+        kwargs = self._generate_kwargs(params, int(inputs["input_ids"].shape[1]))
+        streamer = transformers.TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with self._lock, self._rng(params.seed), self.torch.inference_mode():
+                    self.model.generate(**inputs, **kwargs, streamer=streamer)
+            except Exception as exc:
+                failure.append(exc)
+                streamer.end()  # wake the reader
+
+        # The model runs in its own thread; a reader that stops early leaves it to finish its
+        # max_new_tokens (bounded) with the lock held, as a server's cancelled request would.
+        worker = threading.Thread(target=run, name="mmchaos-hf-stream", daemon=True)
+        worker.start()
+        held = max((len(s) for s in params.stop), default=1) - 1  # text a stop string may still claim
+        text, sent = "", 0
+        for delta in streamer:
+            text += delta
+            cut, hit = cut_at_stop(text, params.stop)
+            if hit:
+                if len(cut) > sent:
+                    yield cut[sent:]
+                sent = len(cut)
+                break
+            safe = len(text) - held
+            if safe > sent:
+                yield text[sent:safe]
+                sent = safe
+        else:
+            if len(text) > sent:
+                yield text[sent:]
+        worker.join()  # generation ends by itself: at a stop string, end of sequence or max_new_tokens
+        if failure:
+            raise TargetCallError(f"generate failed: {_one_line(failure[0])}", code="generate_failed")
 
     def _completions(self, out: Any, prompt_len: int, params: GenerationParams) -> list[Completion]:
         torch = self.torch
