@@ -65,6 +65,10 @@ class FakeConfig:
     chat: bool = True
     chat_images: bool = True
     model: str = "fake-vlm"
+    ignore_n: bool = False
+    """Answer one choice whatever ``n`` asks (Ollama-style)."""
+    refuse_logprobs: bool = False
+    """Answer 400 to ``logprobs: true`` (servers without logprob support)."""
     stream_fault: str = ""
     """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -141,7 +145,11 @@ class _Handler(BaseHTTPRequestHandler):
                 elif part["type"] == "text":
                     last_text = part["text"]
         words = colours + last_text.split()
+        if body.get("logprobs") and self.server.config.refuse_logprobs:
+            return self._error(400, "logprobs are not supported by this server")
         n, max_tokens = int(body.get("n", 1)), int(body.get("max_tokens") or 16)
+        if self.server.config.ignore_n:
+            n = 1
         choices = []
         for i in range(n):
             ws = list(words)

@@ -186,3 +186,20 @@ def test_a_broken_stream_is_an_endpoint_error(fault: str, code: str) -> None:
             list(target.generate_stream("one two three four", [RED], GenerationParams(max_new_tokens=8)))
         assert info.value.code == code
         target.close()
+
+
+def test_servers_that_ignore_n_or_refuse_logprobs_still_give_n_seeded_completions() -> None:
+    config = FakeConfig(ignore_n=True, refuse_logprobs=True)
+    with fake_openai_server(config) as url:
+        target = load_target(f"openai:{url}")
+        params = GenerationParams(max_new_tokens=8, temperature=1.0, seed=5, n=3)
+        one = target.generate("a b c d e f", [RED], params)
+        assert len(one.completions) == 3 and one.extra["n_emulated_requests"] == 2
+        assert len({c.text for c in one.completions}) > 1  # different seeds, different samples
+        assert [c.text for c in target.generate("a b c d e f", [RED], params).completions] == [
+            c.text for c in one.completions
+        ]
+        assert all(c.logprobs is None for c in one.completions) and target.chat_logprobs is False
+        seeds = [r["body"].get("seed") for r in config.requests[-3:]]
+        assert seeds == [5, 6, 7] and not any("logprobs" in r["body"] for r in config.requests[-3:])
+        target.close()

@@ -281,6 +281,8 @@ class OpenAITarget(Target):
         """What discovery tried and found (describe()'s evidence)."""
         self.gaps: dict[str, str] = {}
         """Modalities the endpoint handles in part that could not be tested, with the reason."""
+        self.chat_logprobs = True
+        """Whether to ask chat completions for logprobs (off once the server refuses them)."""
         self.max_items = max_items
         self.api_key_env = api_key_env
         self.timeout = timeout
@@ -672,22 +674,40 @@ class OpenAITarget(Target):
         params: GenerationParams | None = None,
     ) -> GenerationResult:
         params = params or GenerationParams()
-        body = self._post("/chat/completions", self._chat_payload(prompt, images, params))
-        try:
-            choices = sorted(body["choices"], key=lambda c: int(c.get("index", 0)))
-            completions = tuple(_completion(c) for c in choices)
-            usage = body.get("usage") or {}
-            prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise EndpointError(f"POST /chat/completions: malformed answer ({exc!r})", code="bad_response") from None
-        if not completions:
-            raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
+        payload = self._chat_payload(prompt, images, params)
+        body = self._post_chat(payload)
+        choices, prompt_tokens = _choices(body)
+        emulated = 0
+        while len(choices) < params.n:
+            # Servers that ignore n (Ollama-style) answer one choice: ask for the rest one at a time,
+            # each with its own seed so seeded samples still differ and still replay.
+            single = {**payload, "n": 1}
+            if params.seed is not None:
+                single["seed"] = params.seed + len(choices)
+            more, _ = _choices(self._post_chat(single))
+            choices.extend(dict(c, index=len(choices)) for c in more[:1])
+            emulated += 1
         raw = [c.get("finish_reason") for c in choices]
+        extra: dict[str, object] = {"finish_reasons": raw, "id": body.get("id")}
+        if emulated:
+            extra["n_emulated_requests"] = emulated
         return GenerationResult(
-            completions=completions,
-            prompt_tokens=int(prompt_tokens) if isinstance(prompt_tokens, int) else None,
-            extra={"finish_reasons": raw, "id": body.get("id")},
+            completions=tuple(_completion(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )
+
+    def _post_chat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST a chat request; a server that refuses ``logprobs`` is asked again without it, once,
+        and remembered (logprobs are then None)."""
+        if not self.chat_logprobs:
+            payload = {k: v for k, v in payload.items() if k != "logprobs"}
+        try:
+            return self._post("/chat/completions", payload)
+        except TargetCallError as exc:
+            if not payload.get("logprobs") or "logprob" not in str(exc).lower():
+                raise
+            log.info("%s refuses logprobs; asking without them from now on", self.base_url)
+            self.chat_logprobs = False
+            return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
 
     def generate_stream(
         self,
@@ -702,6 +722,7 @@ class OpenAITarget(Target):
         if params.n != 1:
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         payload = self._chat_payload(prompt, images, params)
+        payload.pop("logprobs")  # a stream carries text deltas only
         payload["stream"] = True
         content = json.dumps(payload, separators=(",", ":")).encode("ascii")
         path = "/chat/completions"
@@ -780,6 +801,21 @@ def _completion(choice: dict[str, Any]) -> Completion:
             ids = tuple(int(m.group(1)) for m in matches if m)
     return Completion(text="" if content is None else str(content), finish_reason=finish, token_ids=ids,
                       logprobs=logprobs)  # fmt: skip
+
+
+def _choices(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """The choices of a chat answer in index order, and its prompt token count if given."""
+    try:
+        choices = sorted(body["choices"], key=lambda c: int(c.get("index", 0)))
+        for choice in choices:
+            _completion(choice)  # validates the shape now, not later
+        usage = body.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EndpointError(f"POST /chat/completions: malformed answer ({exc!r})", code="bad_response") from None
+    if not choices:
+        raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
+    return choices, prompt_tokens if isinstance(prompt_tokens, int) else None
 
 
 def _sse_deltas(lines: Iterable[str], path: str) -> Iterator[str]:
