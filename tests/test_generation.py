@@ -151,3 +151,15 @@ def test_oversized_images_are_refused_from_their_shape_before_any_copy() -> None
         with pytest.raises(TargetCallError) as info:
             call()
         assert info.value.code == "too_many_pixels" and "image" in str(info.value)
+
+
+def test_generate_batch_defaults_to_one_request_at_a_time_through_wrappers() -> None:
+    calls: list[str] = []
+
+    class Counting(DelegatingTarget):
+        def call(self, fn, *args):  # type: ignore[no-untyped-def]
+            calls.append(fn.__name__)
+            return fn(*args)
+
+    results = Counting(EchoGenerator()).generate_batch(["a", [Message("user", (IMG, IMG, "b"))]])
+    assert [r.text for r in results] == ["0:a", "2:b"] and calls == ["generate_batch"]

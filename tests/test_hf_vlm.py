@@ -186,3 +186,34 @@ def test_a_model_crash_is_a_typed_error_in_generate_and_in_streams(
         with pytest.raises(TargetCallError) as info:
             call()
         assert info.value.code == "generate_failed" and "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_left_padded_batch_answers_like_each_request_alone(vlm: HFVisionLanguageTarget) -> None:
+    _, per_image = FAMILIES[vlm.family]  # type: ignore[attr-defined]
+    requests: list[str | list[Message]] = [
+        [Message("user", (IMG, "What colour?"))],
+        [Message("user", (IMG, OTHER, "Compare these two pictures in detail, please."))],
+        "No image here.",
+    ]
+    batched = vlm.generate_batch(requests, GREEDY)
+    assert [r.extra["image_tokens"] for r in batched] == [per_image, 2 * per_image, 0]
+    for request, together in zip(requests, batched):
+        alone = vlm.generate(request, params=GREEDY)
+        assert together.token_ids == alone.token_ids and together.text == alone.text
+        assert together.prompt_tokens == alone.prompt_tokens
+        np.testing.assert_allclose(together.logprobs or (), alone.logprobs or (), atol=1e-4)
+    sampled = vlm.generate_batch(requests[:2], GenerationParams(max_new_tokens=4, temperature=1.0, seed=1, n=2))
+    assert [len(r.completions) for r in sampled] == [2, 2]
+    assert vlm.generate_batch([]) == []
+
+
+def test_right_padding_changes_the_answers_of_the_shorter_requests(vlm: HFVisionLanguageTarget) -> None:
+    # The classic batching bug, for the padding checks to find: decoder-only models must pad left.
+    requests: list[str | list[Message]] = [[Message("user", (IMG, "Hi"))], "A much longer request without an image."]
+    vlm.padding_side = "right"
+    try:
+        right = vlm.generate_batch(requests, GREEDY)
+    finally:
+        vlm.padding_side = "left"
+    alone = vlm.generate(requests[0], params=GREEDY)
+    assert right[0].token_ids != alone.token_ids

@@ -139,6 +139,15 @@ def test_chat_generation_sends_image_parts_and_params(chat_server: tuple[str, Fa
     target.close()
 
 
+def test_batches_are_concurrent_requests_answered_in_order(chat_server: tuple[str, FakeConfig]) -> None:
+    url, _ = chat_server
+    target = load_target(f"openai:{url}")
+    requests = [[Message("user", (RED, "one"))], [Message("user", (BLUE, "two"))], "three", "four five"]
+    results = target.generate_batch(requests, GenerationParams(max_new_tokens=8))
+    assert [r.text for r in results] == ["red one", "blue two", "three", "four five"]
+    target.close()
+
+
 def test_chat_multi_turn_and_stop(chat_server: tuple[str, FakeConfig]) -> None:
     url, config = chat_server
     target = load_target(f"openai:{url}")

@@ -100,6 +100,17 @@ class Target:
         """
         raise CapabilityError(f"{self.uri} cannot generate text", code="capability_missing")
 
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """Answer several requests (prompts or chats, images inside the messages) as one batch.
+
+        This default answers them one at a time; a backend that batches (padding, one forward
+        pass per step) overrides it, which is what batch-invariance checks compare with
+        :meth:`generate`.
+        """
+        return [self.generate(r, (), params) for r in requests]
+
     def generate_stream(
         self,
         prompt: str | Sequence[Message],

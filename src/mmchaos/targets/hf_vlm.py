@@ -19,7 +19,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
@@ -179,6 +179,9 @@ class HFVisionLanguageTarget(Target):
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
+        self.padding_side: Literal["left", "right"] = "left"
+        """Where batched prompts are padded: left, as decoder-only generation needs (a right-padded
+        batch is the classic bug the padding checks look for)."""
         self._lock = threading.Lock()  # seeded sampling forks the global torch RNG: one call at a time
         self._fingerprint: Fingerprint | None = None
 
@@ -328,6 +331,47 @@ class HFVisionLanguageTarget(Target):
         return GenerationResult(
             completions=tuple(rows), prompt_tokens=prompt_len, extra={"image_tokens": self.count_image_tokens(inputs)}
         )
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """One padded batch through the processor and ``generate`` (``padding_side`` padding)."""
+        params = params or GenerationParams()
+        if not requests:
+            return []
+        chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
+        texts = [self.render(c) for c in chats]
+        pictures = [[img for m in c for img in m.images()] for c in chats]
+        try:
+            kwargs: dict[str, Any] = {"padding": True, "padding_side": self.padding_side, "return_tensors": "pt"}
+            if any(pictures):
+                batch = self.processor(text=texts, images=pictures, **kwargs)
+            else:
+                batch = self.processor(text=texts, **kwargs)
+        except Exception as exc:
+            raise TargetCallError(
+                f"the processor refused the batch: {_one_line(exc)}", code="processor_refused"
+            ) from None
+        inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+        prompt_len = int(inputs["input_ids"].shape[1])
+        gen_kwargs = self._generate_kwargs(params, prompt_len)
+        gen_kwargs.update(return_dict_in_generate=True, output_logits=True)
+        with self._lock, self._rng(params.seed), self.torch.inference_mode():
+            try:
+                out = self.model.generate(**inputs, **gen_kwargs)
+            except Exception as exc:
+                raise TargetCallError(f"generate failed: {_one_line(exc)}", code="generate_failed") from None
+        rows = self._completions(out, prompt_len, params)
+        per = 1 if params.greedy else params.n
+        results = []
+        for i in range(len(chats)):
+            mine = rows[i * per : (i + 1) * per] * (params.n if params.greedy else 1)
+            ids = inputs["input_ids"][i]
+            image_tokens = None if self.image_token_id is None else int((ids == self.image_token_id).sum().item())
+            prompt_tokens = int(inputs["attention_mask"][i].sum().item())
+            extra: dict[str, object] = {"image_tokens": image_tokens, "batch_size": len(chats)}
+            results.append(GenerationResult(tuple(mine), prompt_tokens=prompt_tokens, extra=extra))
+        return results
 
     def generate_stream(
         self,

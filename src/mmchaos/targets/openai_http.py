@@ -695,6 +695,13 @@ class OpenAITarget(Target):
             completions=tuple(_completion(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )
 
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """Concurrent requests (up to ``max_concurrency``): the server's own batching decides."""
+        results: list[GenerationResult] = self._map(lambda r: self.generate(r, (), params), list(requests))
+        return results
+
     def _post_chat(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST a chat request; a server that refuses ``logprobs`` is asked again without it, once,
         and remembered (logprobs are then None)."""

@@ -50,6 +50,12 @@ class DelegatingTarget(Target):
         result: GenerationResult = self.call(self.inner.generate, prompt, images, params)
         return result
 
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        results: list[GenerationResult] = self.call(self.inner.generate_batch, requests, params)
+        return results
+
     def generate_stream(
         self,
         prompt: str | Sequence[Message],
