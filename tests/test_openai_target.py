@@ -68,12 +68,28 @@ class FakeAPI:
             if "messages" in body:
                 if not self.image_messages_ok:
                     return httpx.Response(400, json={"error": {"message": "no images", "code": "bad_request"}})
-                n = 1
+                # The vector depends on the decoded pixels (the probe checks that images are read).
+                url = body["messages"][0]["content"][0]["image_url"]["url"]
+                pixels = decoded_mean(url)
+                emb = base64.b64encode(np.array([pixels, 1, 2, 3], "<f4").tobytes()).decode()
+                return httpx.Response(200, json={"object": "list", "data": [{"index": 0, "embedding": emb}]})
             else:
                 n = len(body["input"]) if isinstance(body["input"], list) else 1
             data = [{"object": "embedding", "index": i, "embedding": vec_b64(i)} for i in range(n)]
             return httpx.Response(200, json={"object": "list", "data": data[::-1]})  # any order
         return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "READ"}}]})
+
+
+def decoded_mean(url: str) -> float:
+    import io
+
+    from PIL import Image
+
+    try:
+        blob = base64.b64decode(url.partition(",")[2])
+        return float(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")).mean())
+    except Exception:  # undecodable test bytes: a fixed vector
+        return -1.0
 
 
 def connect(api: FakeAPI, **kwargs: Any) -> OpenAITarget:
@@ -176,10 +192,14 @@ def test_capabilities_are_probed_on_a_plain_openai_server() -> None:
     api = FakeAPI()
     target = connect(api)
     assert target.model == "m"
-    assert target.capabilities == {Capability.EMBED_TEXT, Capability.EMBED_IMAGE}
+    # it answers chat completions too (READ for everything), with and without an image
+    assert target.capabilities == {Capability.EMBED_TEXT, Capability.EMBED_IMAGE, Capability.GENERATE}
     assert target.image_input == "messages"  # vLLM's chat-embedding form, one image per request
+    assert target.untested_modalities() == {}
     no_images = connect(FakeAPI(image_messages_ok=False))
-    assert no_images.capabilities == {Capability.EMBED_TEXT}
+    # the data URLs it then embeds as text strings do not make it an image model
+    assert no_images.capabilities == {Capability.EMBED_TEXT, Capability.GENERATE}
+    assert set(no_images.untested_modalities()) == {"image embeddings"}
     fp = target.fingerprint()
     assert fp.versions == {"endpoint": URL, "model": "m"} and fp.config
 

@@ -21,6 +21,7 @@ for _name, _spec in {
     "thread_safety": "mmchaos.checks.integration.thread_safety:ThreadSafety",
     "determinism": "mmchaos.checks.integration.determinism:Determinism",
     "fingerprint_match": "mmchaos.checks.integration.fingerprint_match:FingerprintMatch",
+    "modality_coverage": "mmchaos.checks.integration.modality_coverage:ModalityCoverage",
     "serving_faults": "mmchaos.checks.serving.faults:ServingFaults",
     "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
     "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",

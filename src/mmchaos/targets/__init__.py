@@ -48,7 +48,23 @@ def _builtin(rest: str, **options: Any) -> Target:
 
 
 def _hf(rest: str, **options: Any) -> Target:
-    """``hf:<dir-or-hub-id>``: a transformers CLIP/SigLIP-style model from disk or the local hub cache."""
+    """``hf:<dir-or-hub-id>``: a transformers model from disk or the local hub cache (CLIP/SigLIP-style or a VLM).
+
+    Generative VLMs (their config names a generation head) go to ``hf_vlm``, the rest to ``hf``.
+    """
+    from mmchaos.targets.hf_vlm import is_generative_config, local_dir, read_config
+
+    path = local_dir(rest)
+    if is_generative_config(read_config(path)):
+        from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+
+        return HFVisionLanguageTarget(
+            path,
+            uri=f"hf:{rest}",
+            trust_remote_code=bool(options.get("trust_remote_code", False)),
+            use_safetensors=bool(options.get("use_safetensors", True)),
+            device=str(options.get("device", "cpu")),
+        )
     from mmchaos.targets.hf import HFContrastiveTarget
 
     return HFContrastiveTarget(

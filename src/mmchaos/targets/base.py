@@ -7,7 +7,7 @@ class raises :class:`~mmchaos.errors.CapabilityError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.errors import CapabilityError
+from mmchaos.errors import CapabilityError, TargetCallError
 from mmchaos.guard.artefacts import (
     CONFIG_FILES,
     PROCESSOR_FILES,
@@ -26,6 +26,7 @@ from mmchaos.guard.artefacts import (
     hash_file,
     hash_files,
 )
+from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message
 
 __all__ = [
     "CONFIG_FILES",
@@ -33,7 +34,11 @@ __all__ = [
     "TOKENIZER_FILES",
     "WEIGHT_GLOBS",
     "Capability",
+    "Completion",
     "Fingerprint",
+    "GenerationParams",
+    "GenerationResult",
+    "Message",
     "Target",
     "component_hashes",
     "hash_file",
@@ -50,6 +55,7 @@ class Capability(StrEnum):
     READ_TEXT = "read_text"
     TORCH_MODULE = "torch_module"
     PREPROCESS = "preprocess"
+    GENERATE = "generate"
 
 
 class Target:
@@ -80,6 +86,45 @@ class Target:
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         """Recognise the text in each image (OCR)."""
         raise CapabilityError(f"{self.uri} cannot read text", code="capability_missing")
+
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        """Answer a prompt (with ``images``) or a chat (images inside the messages) with text.
+
+        Greedy when ``params.temperature == 0``; seeded sampling otherwise. Normalise the inputs
+        with :func:`mmchaos.targets.generation.as_messages`.
+        """
+        raise CapabilityError(f"{self.uri} cannot generate text", code="capability_missing")
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """Answer several requests (prompts or chats, images inside the messages) as one batch.
+
+        This default answers them one at a time; a backend that batches (padding, one forward
+        pass per step) overrides it, which is what batch-invariance checks compare with
+        :meth:`generate`.
+        """
+        return [self.generate(r, (), params) for r in requests]
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        """The text of one completion as it is produced (deltas whose concatenation is the text).
+
+        This default yields the whole text of :meth:`generate` at once; targets whose backend
+        streams (an SSE endpoint) override it.
+        """
+        if params is not None and params.n != 1:
+            raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
+        yield self.generate(prompt, images, params).text
 
     def torch_module(self) -> Any:
         """The underlying ``torch.nn.Module``, for white-box checks."""
@@ -113,6 +158,11 @@ class Target:
     def embed_encoded_texts(self, blobs: Sequence[bytes]) -> FloatArray:
         """Embed texts given as encoded bytes (what a server receives)."""
         return self.embed_texts([self.decode_text(b) for b in blobs])
+
+    def untested_modalities(self) -> dict[str, str]:
+        """Modalities this target handles in part but that could not be tested, with the reason
+        (e.g. an endpoint that embeds texts but accepted no form of image). Empty: nothing hidden."""
+        return {}
 
     def recorded_fingerprint(self) -> Fingerprint | None:
         """The fingerprint recorded when this artefact was made (an export manifest), if any."""

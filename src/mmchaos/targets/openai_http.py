@@ -1,10 +1,21 @@
 """``openai:<base-url>``: a live OpenAI-compatible endpoint (vLLM, ``mmchaos serve``, ...) as a target.
 
-Embeddings go to ``POST {base}/embeddings``: texts as ``input`` strings; images as ``data:`` URLs,
-either batched as ``input`` items ``{"type": "image_url", "image_url": {"url": ...}}`` (servers that
-advertise it: ``mmchaos serve``) or one per request in vLLM's chat-embeddings form
-(``messages`` with one ``image_url`` part). Reading text goes to ``POST {base}/chat/completions``,
-one image per request; the reply is the transcription.
+Embeddings go to ``POST {base}/embeddings``: texts as ``input`` strings; images as ``data:`` URLs in
+one of three forms (``image_input``): ``"messages"``, one per request in vLLM's chat-embeddings form
+(``messages`` with one ``image_url`` part); ``"input"``, batched as ``input`` items
+``{"type": "image_url", "image_url": {"url": ...}}`` (``mmchaos serve``); ``"data_url"``, batched as
+``input`` strings that are data URLs (LiteLLM, infinity-style servers). Without metadata from the
+server, :meth:`OpenAITarget.connect` probes each form and keeps the first that embeds pixels, not
+bytes: the same picture in two PNG encodings must give the same vector and a different picture a
+different one, so a text-only server that embeds the data URL as a string is not taken for an image
+model. What the probe tried is in ``describe()["endpoint"]["probe"]``; a modality the endpoint half
+supports but that could not be tested is in :meth:`OpenAITarget.untested_modalities`, which the
+``modality_coverage`` check turns into a warning.
+
+Generation goes to ``POST {base}/chat/completions`` with ``image_url`` parts (data URLs), ``n``,
+``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` and ``logprobs``; ``stream: true``
+is read as server-sent events. Reading text uses the same endpoint, one image per request; the
+reply is the transcription.
 
 Arrays are sent as lossless PNG, encoded bytes (``embed_encoded_images``) exactly as given, so the
 server's own decoder is what the contract check exercises. Requests go only to loopback addresses
@@ -35,10 +46,11 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any, Literal
@@ -49,12 +61,25 @@ import numpy as np
 from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.generation import (
+    Completion,
+    FinishReason,
+    GenerationParams,
+    GenerationResult,
+    Message,
+    as_messages,
+)
 
 __all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
 
-HTTP_CAPABILITIES = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT})
+HTTP_CAPABILITIES = frozenset(
+    {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
+)
+ImageInput = Literal["input", "messages", "data_url"]
+IMAGE_FORMS: tuple[ImageInput, ...] = ("messages", "input", "data_url")
+"""The ways of sending an image to ``/embeddings`` that the probe tries, in this order."""
 _RETRY_STATUSES = frozenset({429, 503})
 _MAGIC = (
     (b"\x89PNG", "image/png"),
@@ -160,16 +185,59 @@ def data_url(blob: bytes) -> str:
     return f"data:{_mime(blob)};base64,{base64.b64encode(blob).decode('ascii')}"
 
 
-def png_bytes(image: Any, index: int = 0) -> bytes:
-    """An RGB uint8 array as lossless PNG (the server decodes exactly the same pixels)."""
-    from PIL import Image
+def png_bytes(image: Any, index: int = 0, *, variant: bool = False) -> bytes:
+    """An RGB uint8 array as lossless PNG (the server decodes exactly the same pixels).
+
+    ``variant`` gives other bytes for the same pixels (another compression level and a text
+    chunk): the probe's way of telling a server that decodes images from one that reads strings.
+    """
+    from PIL import Image, PngImagePlugin
 
     from mmchaos.targets.decode import check_image_array
 
     check_image_array(image, index, max_pixels=None)
     buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8), "RGB").save(buf, format="PNG", compress_level=1)
+    picture = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8), "RGB")
+    if variant:
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Comment", "mmchaos probe")
+        picture.save(buf, format="PNG", compress_level=9, pnginfo=info)
+    else:
+        picture.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
+
+
+def _probe_images() -> tuple[ImageArray, ImageArray]:
+    """Two clearly different small pictures (halves of red and blue; a green-yellow ramp)."""
+    a = np.zeros((32, 32, 3), np.uint8)
+    a[:, :16, 0] = 220
+    a[:, 16:, 2] = 220
+    b = np.zeros((32, 32, 3), np.uint8)
+    b[..., 1] = 200
+    b[..., 0] = np.linspace(0, 255, 32, dtype=np.uint8)[None, :]
+    return a, b
+
+
+def _same_vector(x: FloatArray, y: FloatArray) -> bool:
+    """Cosine >= 0.9999: equal up to the noise of a server's batching."""
+    if x.shape != y.shape:
+        return False
+    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
+    if nx == 0.0 or ny == 0.0:
+        return nx == ny
+    return float(np.dot(x.ravel(), y.ravel())) / (nx * ny) >= 0.9999
+
+
+def _chat_content(message: Message) -> str | list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return message.content
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(message.parts()):
+        if isinstance(part, str):
+            parts.append({"type": "text", "text": part})
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": data_url(png_bytes(part, i))}})
+    return parts
 
 
 class OpenAITarget(Target):
@@ -182,7 +250,7 @@ class OpenAITarget(Target):
         model: str,
         capabilities: Iterable[Capability | str],
         metadata: Mapping[str, Any] | None = None,
-        image_input: Literal["input", "messages"] = "messages",
+        image_input: ImageInput = "messages",
         max_items: int = 64,
         api_key_env: str = "OPENAI_API_KEY",
         timeout: float = 60.0,
@@ -208,7 +276,13 @@ class OpenAITarget(Target):
         self.model = model
         self.capabilities = frozenset(Capability(c) for c in capabilities) & HTTP_CAPABILITIES
         self.metadata: dict[str, Any] = dict(metadata or {})
-        self.image_input = image_input
+        self.image_input: ImageInput = image_input
+        self.probe: dict[str, Any] = {"source": "declared"}
+        """What discovery tried and found (describe()'s evidence)."""
+        self.gaps: dict[str, str] = {}
+        """Modalities the endpoint handles in part that could not be tested, with the reason."""
+        self.chat_logprobs = True
+        """Whether to ask chat completions for logprobs (off once the server refuses them)."""
         self.max_items = max_items
         self.api_key_env = api_key_env
         self.timeout = timeout
@@ -274,12 +348,13 @@ class OpenAITarget(Target):
                 caps = frozenset(Capability(c) for c in capabilities)
             elif meta is not None:
                 caps = frozenset(Capability(c) for c in meta.get("capabilities", ()) if c in set(Capability))
+                probe.probe = {"source": "mmchaos metadata in /models"}
             else:
                 caps = probe._probe_capabilities()
             caps &= HTTP_CAPABILITIES
             if not caps:
                 raise TargetLoadError(
-                    f"{probe.base_url} model {chosen!r} answered neither text nor image embeddings; declare "
+                    f"{probe.base_url} model {chosen!r} answered neither embeddings nor chat completions; declare "
                     "its capabilities (OpenAITarget.connect(..., capabilities=[...]))"
                 )
         except BaseException:
@@ -323,18 +398,74 @@ class OpenAITarget(Target):
         raise TargetLoadError(f"{self.base_url} serves several models ({', '.join(ids)}); choose one with --model")
 
     def _probe_capabilities(self) -> frozenset[Capability]:
+        """Try text and image embeddings (every image form) and chat with and without an image."""
         caps: set[Capability] = set()
-        try:
-            self.embed_texts(["a photo"])
+        evidence: dict[str, Any] = {"source": "probe"}
+        text_ok, evidence["text"] = self._attempt(lambda: self.embed_texts(["a photo"]))
+        if text_ok:
             caps.add(Capability.EMBED_TEXT)
-        except (TargetCallError, EndpointError) as exc:
-            log.debug("text embedding probe failed: %s", exc)
-        try:
-            self.embed_images([np.full((32, 32, 3), 128, np.uint8)])
+        form, evidence["image"] = self._probe_image_forms()
+        if form is not None:
+            self.image_input = form
             caps.add(Capability.EMBED_IMAGE)
-        except (TargetCallError, EndpointError) as exc:
-            log.debug("image embedding probe failed: %s", exc)
+        elif text_ok:
+            tried = "; ".join(f"{e['form']}: {e['outcome']}" for e in evidence["image"])
+            self.gaps["image embeddings"] = f"the endpoint embeds texts but no image form worked ({tried})"
+        chat_ok, evidence["chat"] = self._attempt(lambda: self._chat_probe(None))
+        if chat_ok:
+            caps.add(Capability.GENERATE)
+            image_ok, outcome = self._attempt(lambda: self._chat_probe(_probe_images()[0]))
+            evidence["chat_image"] = {"ok": image_ok, "outcome": outcome}
+            if not image_ok:
+                self.gaps["image chat"] = f"chat completions answer texts but refused an image part ({outcome})"
+        self.probe = evidence
         return frozenset(caps)
+
+    @staticmethod
+    def _attempt(fn: Callable[[], Any]) -> tuple[bool, str]:
+        try:
+            fn()
+            return True, "ok"
+        except (TargetCallError, EndpointError) as exc:
+            log.debug("probe failed: %s", exc)
+            return False, " ".join(str(exc).split())[:300]
+
+    def _probe_image_forms(self) -> tuple[ImageInput | None, list[dict[str, Any]]]:
+        """The first form whose answers depend on the pixels, and what each tried form gave."""
+        a, b = _probe_images()
+        blobs = [png_bytes(a), png_bytes(a, variant=True), png_bytes(b)]
+        evidence: list[dict[str, Any]] = []
+        original = self.image_input
+        for form in IMAGE_FORMS:
+            self.image_input = form
+            try:
+                vectors = [self.embed_encoded_images([blob])[0] for blob in blobs]
+            except (TargetCallError, EndpointError) as exc:
+                evidence.append({"form": form, "ok": False, "outcome": " ".join(str(exc).split())[:300]})
+                continue
+            finally:
+                self.image_input = original
+            if not _same_vector(vectors[0], vectors[1]):
+                outcome = ("answered, but the same picture in two PNG encodings gave different vectors "
+                           "(the data URL was read as text?)")  # fmt: skip
+                evidence.append({"form": form, "ok": False, "outcome": outcome})
+            elif _same_vector(vectors[0], vectors[2]):
+                outcome = "answered, but two different pictures gave the same vector (images ignored?)"
+                evidence.append({"form": form, "ok": False, "outcome": outcome})
+            else:
+                evidence.append({"form": form, "ok": True, "outcome": "embeds pixels"})
+                return form, evidence
+        return None, evidence
+
+    def _chat_probe(self, image: ImageArray | None) -> None:
+        content: list[dict[str, Any]] = [{"type": "text", "text": "Say OK."}]
+        if image is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}})
+        payload = {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1,
+                   "temperature": 0}  # fmt: skip
+        body = self._post("/chat/completions", payload)
+        if not isinstance(body.get("choices"), list) or not body["choices"]:
+            raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
 
     # -- HTTP --------------------------------------------------------------------------------------
 
@@ -381,6 +512,21 @@ class OpenAITarget(Target):
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         resp = self._request("POST", path, payload)
         status = resp.status_code
+        self._raise_for_status(resp, path)
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise EndpointError(
+                f"POST {path}: the answer is not JSON ({exc})", code="bad_response", status=status
+            ) from None
+        if not isinstance(body, dict):
+            raise EndpointError(f"POST {path}: the answer is not a JSON object", code="bad_response", status=status)
+        return body
+
+    @staticmethod
+    def _raise_for_status(resp: Any, path: str) -> None:
+        """4xx: the server refused the input (TargetCallError); 5xx, 408, 429: EndpointError."""
+        status = resp.status_code
         if status >= 400:
             code, message = f"http_{status}", resp.reason_phrase
             try:
@@ -396,15 +542,6 @@ class OpenAITarget(Target):
             if status >= 500 or status in (408, 429):
                 raise EndpointError(text, code=code, status=status)
             raise TargetCallError(text, code=code)
-        try:
-            body = resp.json()
-        except ValueError as exc:
-            raise EndpointError(
-                f"POST {path}: the answer is not JSON ({exc})", code="bad_response", status=status
-            ) from None
-        if not isinstance(body, dict):
-            raise EndpointError(f"POST {path}: the answer is not a JSON object", code="bad_response", status=status)
-        return body
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``fn`` over ``items``, up to ``max_concurrency`` requests at a time."""
@@ -470,6 +607,8 @@ class OpenAITarget(Target):
         if self.image_input == "input":
             parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
             return self._join(self._map(self._embed, self._chunks(parts)))
+        if self.image_input == "data_url":
+            return self._join(self._map(self._embed, self._chunks(urls)))
 
         def one(url: str) -> FloatArray:
             payload = {
@@ -507,6 +646,110 @@ class OpenAITarget(Target):
                 raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
         return [str(t) for t in self._map(one, [bytes(b) for b in blobs])]
 
+    # -- generation --------------------------------------------------------------------------------
+
+    def _chat_payload(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray], params: GenerationParams
+    ) -> dict[str, Any]:
+        messages = as_messages(prompt, images)
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": _chat_content(m)} for m in messages],
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "n": params.n,
+            "logprobs": params.logprobs,
+        }
+        if params.seed is not None:
+            payload["seed"] = params.seed
+        if params.stop:
+            payload["stop"] = list(params.stop)
+        return payload
+
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        params = params or GenerationParams()
+        payload = self._chat_payload(prompt, images, params)
+        body = self._post_chat(payload)
+        choices, prompt_tokens = _choices(body)
+        emulated = 0
+        while len(choices) < params.n:
+            # Servers that ignore n (Ollama-style) answer one choice: ask for the rest one at a time,
+            # each with its own seed so seeded samples still differ and still replay.
+            single = {**payload, "n": 1}
+            if params.seed is not None:
+                single["seed"] = params.seed + len(choices)
+            more, _ = _choices(self._post_chat(single))
+            choices.extend(dict(c, index=len(choices)) for c in more[:1])
+            emulated += 1
+        raw = [c.get("finish_reason") for c in choices]
+        extra: dict[str, object] = {"finish_reasons": raw, "id": body.get("id")}
+        if emulated:
+            extra["n_emulated_requests"] = emulated
+        return GenerationResult(
+            completions=tuple(_completion(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
+        )
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """Concurrent requests (up to ``max_concurrency``): the server's own batching decides."""
+        results: list[GenerationResult] = self._map(lambda r: self.generate(r, (), params), list(requests))
+        return results
+
+    def _post_chat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST a chat request; a server that refuses ``logprobs`` is asked again without it, once,
+        and remembered (logprobs are then None)."""
+        if not self.chat_logprobs:
+            payload = {k: v for k, v in payload.items() if k != "logprobs"}
+        try:
+            return self._post("/chat/completions", payload)
+        except TargetCallError as exc:
+            if not payload.get("logprobs") or "logprob" not in str(exc).lower():
+                raise
+            log.info("%s refuses logprobs; asking without them from now on", self.base_url)
+            self.chat_logprobs = False
+            return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        """The first completion's text deltas, read from ``stream: true`` server-sent events."""
+        import httpx
+
+        params = params or GenerationParams()
+        if params.n != 1:
+            raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
+        payload = self._chat_payload(prompt, images, params)
+        payload.pop("logprobs")  # a stream carries text deltas only
+        payload["stream"] = True
+        content = json.dumps(payload, separators=(",", ":")).encode("ascii")
+        path = "/chat/completions"
+        with self._slots:
+            try:
+                with self._client.stream("POST", path, content=content,
+                                         headers={"Content-Type": "application/json",
+                                                  "Accept": "text/event-stream"}) as resp:  # fmt: skip
+                    if resp.status_code >= 400:
+                        resp.read()
+                        self._raise_for_status(resp, path)
+                    yield from _sse_deltas(resp.iter_lines(), path)
+            except httpx.TimeoutException as exc:
+                raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
+            except httpx.HTTPError as exc:
+                raise EndpointError(f"POST {path}: {type(exc).__name__}: {exc}", code="connection_failed") from None
+
+    def untested_modalities(self) -> dict[str, str]:
+        return dict(self.gaps)
+
     def fingerprint(self) -> Fingerprint:
         """The served model's fingerprint (from ``/models`` metadata) plus the endpoint and model name."""
         meta = self.metadata.get("mmchaos") or {}
@@ -532,7 +775,8 @@ class OpenAITarget(Target):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
-                           "api_key_env": self.api_key_env, "api_key_set": self.has_api_key}  # fmt: skip
+                           "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
+                           "untested_modalities": dict(self.gaps)}  # fmt: skip
         return out
 
     def close(self) -> None:
@@ -545,6 +789,61 @@ class OpenAITarget(Target):
     def __repr__(self) -> str:
         key = "set" if self.has_api_key else "unset"
         return f"OpenAITarget({self.base_url!r}, model={self.model!r}, api_key={self.api_key_env}:{key})"
+
+
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+
+
+def _completion(choice: dict[str, Any]) -> Completion:
+    """One OpenAI chat choice as a Completion; token ids only where the server sends them
+    (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``token_id:N``)."""
+    content = choice["message"].get("content")
+    finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+    logprobs = ids = None
+    entries = (choice.get("logprobs") or {}).get("content")
+    if isinstance(entries, list):
+        logprobs = tuple(float(e["logprob"]) for e in entries)
+        matches = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
+        if entries and all(matches):
+            ids = tuple(int(m.group(1)) for m in matches if m)
+    return Completion(text="" if content is None else str(content), finish_reason=finish, token_ids=ids,
+                      logprobs=logprobs)  # fmt: skip
+
+
+def _choices(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """The choices of a chat answer in index order, and its prompt token count if given."""
+    try:
+        choices = sorted(body["choices"], key=lambda c: int(c.get("index", 0)))
+        for choice in choices:
+            _completion(choice)  # validates the shape now, not later
+        usage = body.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EndpointError(f"POST /chat/completions: malformed answer ({exc!r})", code="bad_response") from None
+    if not choices:
+        raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
+    return choices, prompt_tokens if isinstance(prompt_tokens, int) else None
+
+
+def _sse_deltas(lines: Iterable[str], path: str) -> Iterator[str]:
+    """Content deltas of choice 0 from server-sent event lines, up to ``data: [DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue  # comments, event names, keep-alives, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise EndpointError(f"POST {path}: error in stream: {chunk['error']}", code="stream_error")
+            for choice in chunk.get("choices") or []:
+                delta = (choice.get("delta") or {}).get("content")
+                if int(choice.get("index", 0)) == 0 and delta:
+                    yield str(delta)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EndpointError(f"POST {path}: malformed stream event ({exc})", code="bad_response") from None
+    raise EndpointError(f"POST {path}: the stream ended without [DONE]", code="stream_truncated")
 
 
 def load_openai(rest: str, **options: Any) -> OpenAITarget:

@@ -7,10 +7,11 @@ overrides :meth:`~DelegatingTarget.call` (model calls) or a single method, never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from mmchaos.targets.base import Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 
 __all__ = ["DelegatingTarget", "unwrap"]
 
@@ -40,6 +41,33 @@ class DelegatingTarget(Target):
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         return self.call(self.inner.read_text, images)
 
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        result: GenerationResult = self.call(self.inner.generate, prompt, images, params)
+        return result
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        results: list[GenerationResult] = self.call(self.inner.generate_batch, requests, params)
+        return results
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        # A stream passes through as it is (timing it as one call would hide its first token).
+        fn = getattr(self.inner, "generate_stream", None)
+        if fn is None:
+            return super().generate_stream(prompt, images, params)
+        return iter(fn(prompt, images, params))
+
     def embed_encoded_images(self, blobs: Sequence[bytes]) -> FloatArray:
         fn = getattr(self.inner, "embed_encoded_images", None)
         return super().embed_encoded_images(blobs) if fn is None else self.call(fn, blobs)
@@ -66,6 +94,10 @@ class DelegatingTarget(Target):
     def fingerprint(self) -> Fingerprint:
         fp = self.inner.fingerprint()
         return fp if isinstance(fp, Fingerprint) else Fingerprint(**dict(fp))
+
+    def untested_modalities(self) -> dict[str, str]:
+        fn = getattr(self.inner, "untested_modalities", None)
+        return {} if fn is None else dict(fn())
 
     def recorded_fingerprint(self) -> Fingerprint | None:
         fn = getattr(self.inner, "recorded_fingerprint", None)

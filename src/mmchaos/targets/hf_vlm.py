@@ -1,0 +1,483 @@
+"""``hf:<path>`` for generative vision-language models (LLaVA, Qwen2-VL/2.5-VL, Idefics3/SmolVLM, ...).
+
+The model is whatever ``AutoModelForImageTextToText`` maps its config to, with the processor and
+chat template saved next to it: a request is rendered by the chat template, the processor expands
+each image placeholder into the image tokens, and the model's own ``generate`` answers. Those are
+the code paths a deployment runs, so they are the ones mmchaos tests.
+
+Loading is local only, safetensors by default, no repository code unless ``trust_remote_code``;
+a weight the checkpoint lacks (newly initialised at load) is a refusal, not a silently different
+model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from mmchaos._lazy import require
+from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.targets.base import Capability, Fingerprint, ImageArray, Target, component_hashes
+from mmchaos.targets.generation import (
+    Completion,
+    FinishReason,
+    GenerationParams,
+    GenerationResult,
+    Message,
+    as_messages,
+    cut_at_stop,
+)
+
+__all__ = ["HFVisionLanguageTarget", "is_generative_config", "local_dir", "read_config"]
+
+_GENERATIVE_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "ForImageTextToText", "ForVision2Seq")
+
+
+def local_dir(source: str) -> Path:
+    """The directory holding the model files: the path itself, or its local hub-cache snapshot."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise TargetLoadError(f"hf target {source!r} is a file; give the model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception as exc:  # huggingface_hub raises several unrelated types here
+        raise TargetLoadError(
+            f"hf target {source!r} is neither a directory nor in the local hub cache "
+            "(mmchaos never downloads; fetch it first or give a path)"
+        ) from exc
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a model directory ({} when absent or unreadable: the loader reports it)."""
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    archs = config.get("architectures")
+    return str(archs[0]) if isinstance(archs, list) and archs else ""
+
+
+def _image_text_to_text_names() -> tuple[dict[str, Any], set[str]]:
+    names = require("transformers.models.auto.modeling_auto").MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    classes: set[str] = set()
+    for value in names.values():
+        classes.update(value if isinstance(value, tuple | list) else (value,))
+    return dict(names), classes
+
+
+def is_generative_config(config: dict[str, Any]) -> bool:
+    """Whether a model directory's config names a generative architecture (this loader's job)
+    rather than a contrastive one (``hf.py``'s): decided from ``architectures``, which names the
+    head, since families such as BLIP have both kinds under one ``model_type``."""
+    arch = _architecture(config)
+    if arch:
+        return arch.endswith(_GENERATIVE_SUFFIXES) or arch in _image_text_to_text_names()[1]
+    names, _ = _image_text_to_text_names()
+    return str(config.get("model_type", "")) in names and "text_config" in config and "vision_config" in config
+
+
+def _versions(*packages: str) -> dict[str, str]:
+    out = {}
+    for name in packages:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+class _StopOnText:
+    """Stops each sequence once its generated text contains a stop string (transformers'
+    StoppingCriteria protocol: one bool per row)."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int, stop: Sequence[str]) -> None:
+        self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, tuple(stop)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len :], skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in self.stop) for t in texts], device=input_ids.device)
+
+
+class HFVisionLanguageTarget(Target):
+    """A transformers image-text-to-text model with its processor and chat template."""
+
+    capabilities = frozenset({Capability.GENERATE, Capability.TORCH_MODULE, Capability.PREPROCESS})
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        uri: str | None = None,
+        trust_remote_code: bool = False,
+        use_safetensors: bool = True,
+        device: str = "cpu",
+    ) -> None:
+        self.torch = require("torch")
+        transformers = require("transformers")
+        transformers.logging.disable_progress_bar()
+        self.path = Path(path)
+        self.uri = uri or f"hf:{path}"
+        self.device = device
+        config = read_config(self.path)
+        self.architecture = _architecture(config) or "<no architectures in config.json>"
+        self.model_type = str(config.get("model_type", "?"))
+        names, classes = _image_text_to_text_names()
+        if self.model_type not in names and self.architecture not in classes:
+            raise TargetLoadError(
+                f"{self.architecture} (model_type {self.model_type}) at {self.path} is not a vision-language "
+                "model mmchaos can generate with (it loads transformers' image-text-to-text families, e.g. "
+                "llava, qwen2_vl, qwen2_5_vl, idefics3)",
+                code="unsupported_architecture",
+            )
+        try:
+            model, info = transformers.AutoModelForImageTextToText.from_pretrained(
+                str(self.path),
+                trust_remote_code=trust_remote_code,
+                use_safetensors=use_safetensors,
+                local_files_only=True,
+                output_loading_info=True,
+            )
+        except Exception as exc:  # transformers raises many types, with multi-KB messages
+            hint = " (weights are loaded from safetensors by default)" if use_safetensors else ""
+            raise TargetLoadError(f"cannot load {self.architecture} from {self.path}: {_one_line(exc)}{hint}") from None
+        missing = sorted(set(info.get("missing_keys") or ()))
+        if missing:
+            raise TargetLoadError(
+                f"{self.architecture} at {self.path}: {len(missing)} weights are not in the checkpoint and would be "
+                f"randomly initialised (first: {missing[0]}); refusing to test a different model",
+                code="weights_missing",
+            )
+        self.model = model.eval().to(device)
+        self.processor = self._load_processor(trust_remote_code)
+        self.tokenizer = self.processor.tokenizer
+        if not getattr(self.processor, "chat_template", None):
+            raise TargetLoadError(
+                f"{self.architecture} at {self.path} has no chat template (chat_template.jinja/json); "
+                "mmchaos renders requests only through the model's own template",
+                code="chat_template_missing",
+            )
+        self.image_token_id = self._image_token_id()
+        self.padding_side: Literal["left", "right"] = "left"
+        """Where batched prompts are padded: left, as decoder-only generation needs (a right-padded
+        batch is the classic bug the padding checks look for)."""
+        self._lock = threading.Lock()  # seeded sampling forks the global torch RNG: one call at a time
+        self._fingerprint: Fingerprint | None = None
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def _load_processor(self, trust_remote_code: bool) -> Any:
+        transformers = require("transformers")
+        kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+        try:
+            return transformers.AutoProcessor.from_pretrained(str(self.path), **kwargs)
+        except Exception as exc:
+            first = exc
+        # Processors with a video part (Qwen2-VL, SmolVLM2) cannot be built by transformers when
+        # torchvision is absent, even for images only; build the same class without its video part.
+        if importlib.util.find_spec("torchvision") is None:
+            with contextlib.suppress(Exception):
+                return self._processor_without_video(transformers, kwargs)
+        raise TargetLoadError(f"cannot load the processor of {self.path}: {_one_line(first)}") from None
+
+    def _processor_without_video(self, transformers: Any, kwargs: dict[str, Any]) -> Any:
+        saved = {}
+        for name in ("processor_config.json", "preprocessor_config.json"):
+            with contextlib.suppress(OSError, ValueError):
+                saved.update(json.loads((self.path / name).read_text(encoding="utf-8")))
+        base = getattr(transformers, str(saved.get("processor_class", "")), None)
+        if base is None or "video_processor" not in base.get_attributes():
+            raise TargetLoadError(f"no known processor class in {self.path}")
+
+        class _ImagesOnly(base):  # type: ignore[misc, valid-type]
+            def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+                if argument_name == "video_processor" and argument is None:
+                    return None
+                return super().check_argument_for_proper_class(argument_name, argument)
+
+        template_file = self.path / "chat_template.jinja"
+        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
+        extra = {k: v for k, v in saved.items() if k in ("image_seq_len", "patch_size", "num_additional_image_tokens")}
+        return _ImagesOnly(
+            image_processor=transformers.AutoImageProcessor.from_pretrained(str(self.path), **kwargs),
+            tokenizer=transformers.AutoTokenizer.from_pretrained(str(self.path), **kwargs),
+            video_processor=None,
+            chat_template=template,
+            **extra,
+        )
+
+    def _image_token_id(self) -> int | None:
+        token_id = getattr(self.processor, "image_token_id", None)
+        if token_id is None:
+            token = getattr(self.processor, "image_token", None)
+            token_id = self.tokenizer.convert_tokens_to_ids(token) if token else None
+        return int(token_id) if isinstance(token_id, int) else None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """The prompt text the model's chat template makes of ``messages`` (before image expansion)."""
+        chat = []
+        for m in messages:
+            parts: list[dict[str, str]] = [
+                {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in m.parts()
+            ]
+            chat.append({"role": m.role, "content": parts})
+        return str(self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+
+    def build_inputs(self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = ()) -> dict[str, Any]:
+        """The processor's model inputs for a request: chat template, image-token expansion, pixels.
+
+        Mismatched images and placeholders, or images the processor cannot take, are a typed
+        refusal (``processor_refused``), never a crash in the model.
+        """
+        messages = as_messages(prompt, images, max_pixels=self.max_image_pixels)
+        text = self.render(messages)
+        pictures = [img for m in messages for img in m.images()]
+        try:
+            if pictures:
+                batch = self.processor(text=[text], images=[pictures], return_tensors="pt")
+            else:
+                batch = self.processor(text=[text], return_tensors="pt")
+        except Exception as exc:  # processors raise ValueError, IndexError, TypeError, ...
+            raise TargetCallError(
+                f"the processor refused the request: {_one_line(exc)}", code="processor_refused"
+            ) from None
+        return {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+    def count_image_tokens(self, inputs: dict[str, Any]) -> int | None:
+        """How many image placeholder tokens the processor put into ``inputs`` (None if unknown)."""
+        if self.image_token_id is None:
+            return None
+        return int((inputs["input_ids"] == self.image_token_id).sum().item())
+
+    def _eos_ids(self) -> set[int]:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos]) if e is not None}
+
+    def _rng(self, seed: int | None) -> Any:
+        """A scope whose torch RNG starts at ``seed`` and leaves the process RNG as it was."""
+        if seed is None:
+            return contextlib.nullcontext()
+        devices = [self.torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
+        scope = self.torch.random.fork_rng(devices=devices)
+
+        @contextlib.contextmanager
+        def seeded() -> Iterator[None]:
+            with scope:
+                self.torch.manual_seed(seed)
+                yield
+
+        return seeded()
+
+    def _generate_kwargs(self, params: GenerationParams, prompt_len: int) -> dict[str, Any]:
+        pad = self.tokenizer.pad_token_id
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens,
+            "pad_token_id": pad if pad is not None else next(iter(self._eos_ids()), 0),
+        }
+        if params.greedy:
+            kwargs["do_sample"] = False
+        else:
+            # top_k=0: no hidden top-k from transformers' defaults; the params say what is sampled.
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0,
+                          num_return_sequences=params.n)  # fmt: skip
+        if params.stop:
+            kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, prompt_len, params.stop)]
+        return kwargs
+
+    def generate(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> GenerationResult:
+        params = params or GenerationParams()
+        inputs = self.build_inputs(prompt, images)
+        prompt_len = int(inputs["input_ids"].shape[1])
+        kwargs = self._generate_kwargs(params, prompt_len)
+        kwargs.update(return_dict_in_generate=True, output_logits=True)
+        with self._lock, self._rng(params.seed), self.torch.inference_mode():
+            try:
+                out = self.model.generate(**inputs, **kwargs)
+            except Exception as exc:  # a model crash on this input is a finding, with one line
+                raise TargetCallError(f"generate failed: {_one_line(exc)}", code="generate_failed") from None
+        rows = self._completions(out, prompt_len, params)
+        if params.greedy and params.n > 1:
+            rows = rows * params.n  # greedy decoding has one answer; n copies, as vLLM returns
+        return GenerationResult(
+            completions=tuple(rows), prompt_tokens=prompt_len, extra={"image_tokens": self.count_image_tokens(inputs)}
+        )
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        """One padded batch through the processor and ``generate`` (``padding_side`` padding)."""
+        params = params or GenerationParams()
+        if not requests:
+            return []
+        chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
+        texts = [self.render(c) for c in chats]
+        pictures = [[img for m in c for img in m.images()] for c in chats]
+        try:
+            kwargs: dict[str, Any] = {"padding": True, "padding_side": self.padding_side, "return_tensors": "pt"}
+            if any(pictures):
+                batch = self.processor(text=texts, images=pictures, **kwargs)
+            else:
+                batch = self.processor(text=texts, **kwargs)
+        except Exception as exc:
+            raise TargetCallError(
+                f"the processor refused the batch: {_one_line(exc)}", code="processor_refused"
+            ) from None
+        inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+        prompt_len = int(inputs["input_ids"].shape[1])
+        gen_kwargs = self._generate_kwargs(params, prompt_len)
+        gen_kwargs.update(return_dict_in_generate=True, output_logits=True)
+        with self._lock, self._rng(params.seed), self.torch.inference_mode():
+            try:
+                out = self.model.generate(**inputs, **gen_kwargs)
+            except Exception as exc:
+                raise TargetCallError(f"generate failed: {_one_line(exc)}", code="generate_failed") from None
+        rows = self._completions(out, prompt_len, params)
+        per = 1 if params.greedy else params.n
+        results = []
+        for i in range(len(chats)):
+            mine = rows[i * per : (i + 1) * per] * (params.n if params.greedy else 1)
+            ids = inputs["input_ids"][i]
+            image_tokens = None if self.image_token_id is None else int((ids == self.image_token_id).sum().item())
+            prompt_tokens = int(inputs["attention_mask"][i].sum().item())
+            extra: dict[str, object] = {"image_tokens": image_tokens, "batch_size": len(chats)}
+            results.append(GenerationResult(tuple(mine), prompt_tokens=prompt_tokens, extra=extra))
+        return results
+
+    def generate_stream(
+        self,
+        prompt: str | Sequence[Message],
+        images: Sequence[ImageArray] = (),
+        params: GenerationParams | None = None,
+    ) -> Iterator[str]:
+        """Text deltas as the model produces them (transformers' TextIteratorStreamer); their
+        concatenation equals :meth:`generate`'s text for the same request, stop strings included."""
+        transformers = require("transformers")
+        params = params or GenerationParams()
+        if params.n != 1:
+            raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
+        inputs = self.build_inputs(prompt, images)
+        kwargs = self._generate_kwargs(params, int(inputs["input_ids"].shape[1]))
+        streamer = transformers.TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with self._lock, self._rng(params.seed), self.torch.inference_mode():
+                    self.model.generate(**inputs, **kwargs, streamer=streamer)
+            except Exception as exc:
+                failure.append(exc)
+                streamer.end()  # wake the reader
+
+        # The model runs in its own thread; a reader that stops early leaves it to finish its
+        # max_new_tokens (bounded) with the lock held, as a server's cancelled request would.
+        worker = threading.Thread(target=run, name="mmchaos-hf-stream", daemon=True)
+        worker.start()
+        held = max((len(s) for s in params.stop), default=1) - 1  # text a stop string may still claim
+        text, sent = "", 0
+        for delta in streamer:
+            text += delta
+            cut, hit = cut_at_stop(text, params.stop)
+            if hit:
+                if len(cut) > sent:
+                    yield cut[sent:]
+                sent = len(cut)
+                break
+            safe = len(text) - held
+            if safe > sent:
+                yield text[sent:safe]
+                sent = safe
+        else:
+            if len(text) > sent:
+                yield text[sent:]
+        worker.join()  # generation ends by itself: at a stop string, end of sequence or max_new_tokens
+        if failure:
+            raise TargetCallError(f"generate failed: {_one_line(failure[0])}", code="generate_failed")
+
+    def _completions(self, out: Any, prompt_len: int, params: GenerationParams) -> list[Completion]:
+        torch = self.torch
+        new = out.sequences[:, prompt_len:].to("cpu")
+        steps = len(out.logits)
+        logprobs = None
+        if params.logprobs and steps:
+            stacked = torch.stack([s.float() for s in out.logits], dim=1).to("cpu")  # (rows, steps, vocab)
+            picked = stacked.log_softmax(-1).gather(-1, new[:, :steps, None].long())[..., 0]
+            logprobs = picked.tolist()
+        eos = self._eos_ids()
+        rows = []
+        for r in range(new.shape[0]):
+            ids = [int(t) for t in new[r, :steps].tolist()]
+            finish: FinishReason = "length"
+            end = len(ids)
+            for i, tok in enumerate(ids):
+                if tok in eos:
+                    end, finish = i + 1, "stop"
+                    break
+            ids = ids[:end]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if params.stop:
+                text, hit = cut_at_stop(text, params.stop)
+                if hit:
+                    finish = "stop"
+                    end = self._tokens_until_stop(ids, params.stop)
+                    ids = ids[:end]
+            lp = None if logprobs is None else tuple(float(x) for x in logprobs[r][: len(ids)])
+            rows.append(Completion(text=text, finish_reason=finish, token_ids=tuple(ids), logprobs=lp))
+        return rows
+
+    def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
+        """The shortest token prefix whose text contains a stop string (the tokens the model spent)."""
+        for k in range(1, len(ids) + 1):
+            if cut_at_stop(self.tokenizer.decode(ids[:k], skip_special_tokens=True), stop)[1]:
+                return k
+        return len(ids)
+
+    # -- the rest of the Target interface ----------------------------------------------------------
+
+    def torch_module(self) -> Any:
+        return self.model
+
+    def fingerprint(self) -> Fingerprint:
+        if self._fingerprint is None:
+            self._fingerprint = Fingerprint(
+                **component_hashes(self.path),
+                versions=_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
+            )
+        return self._fingerprint
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        cls = type(self.processor)
+        processor = cls.__mro__[1].__name__ if cls.__name__ == "_ImagesOnly" else cls.__name__
+        out["model"] = {"architecture": self.architecture, "model_type": self.model_type, "processor": processor,
+                        "image_token_id": self.image_token_id}  # fmt: skip
+        return out

@@ -1,0 +1,180 @@
+"""Tiny, randomly initialised generative VLMs of each supported family, built from config offline.
+
+They exist so the ``hf:`` generative path is exercised through the real code of each family (the
+processor's image-token expansion, the saved chat template, the model's own ``generate``) without
+downloading anything: tests, deliberately broken fixtures and the tiny-vlm training script build
+on them. Each builder returns a directory that ``load_target("hf:" + path)`` loads.
+
+The tokenizer is byte-level BPE with no merges (every text encodes, decoding is exact) plus the
+family's special tokens, wrapped in transformers' fast tokenizer class.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmchaos._lazy import require
+
+__all__ = ["FAMILIES", "build_tiny_vlm", "byte_tokenizer", "chat_template"]
+
+HIDDEN = 32
+"""Width of every tiny tower: small enough that a family's test runs in seconds on one core."""
+
+#: A generic chat template: ``{image}`` is the family's image placeholder, the roles and turn
+#: separators follow the family's own template closely enough that the same code paths run.
+_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{ ROLE_OPEN[m['role']] }}"
+    "{%- if m['content'] is string -%}{{ m['content'] }}"
+    "{%- else -%}{%- for p in m['content'] -%}"
+    "{%- if p['type'] == 'image' -%}{{ IMAGE }}{%- elif p['type'] == 'text' -%}{{ p['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ TURN_END }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ GEN_PROMPT }}{%- endif -%}"
+)
+
+
+def chat_template(roles: dict[str, str], image: str, turn_end: str, gen_prompt: str) -> str:
+    """A Jinja chat template: ``roles`` opens each turn, ``image`` stands for an image part,
+    ``turn_end`` closes a turn and ``gen_prompt`` starts the assistant's answer."""
+    values = {"ROLE_OPEN": roles, "IMAGE": image, "TURN_END": turn_end, "GEN_PROMPT": gen_prompt}
+    return "".join("{%- set " + k + " = " + json.dumps(v) + " -%}" for k, v in values.items()) + _TEMPLATE
+
+
+def _save_processor(out: Path, processor_class: str, image_processor: Any, tokenizer: Any, template: str) -> None:
+    """Save a processor's parts as a hub repository holds them (without a video processor, which
+    transformers cannot build without torchvision)."""
+    image_processor.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": processor_class}), encoding="utf-8")
+
+
+def byte_tokenizer(specials: list[str], *, bos: str, eos: str, pad: str) -> Any:
+    """A byte-level tokenizer (256 byte symbols, no merges) with ``specials`` as special tokens."""
+    tokenizers = require("tokenizers")
+    transformers = require("transformers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {sym: i for i, sym in enumerate(sorted(alphabet))}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    ordered = list(dict.fromkeys([bos, eos, pad, *specials]))
+    tok.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in ordered])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens={}
+    )
+
+
+def _llama(vocab: int, **extra: Any) -> dict[str, Any]:
+    return {"vocab_size": vocab, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 256, **extra}  # fmt: skip
+
+
+def _llava(out: Path) -> None:
+    t = require("transformers")
+    tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
+    ids = tok.convert_tokens_to_ids
+    vision = t.CLIPVisionConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=28, patch_size=14, projection_dim=HIDDEN)  # fmt: skip
+    text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<s>"), eos_token_id=ids("</s>"),
+                                  pad_token_id=ids("<pad>")))  # fmt: skip
+    config = t.LlavaConfig(vision_config=vision, text_config=text, image_token_index=ids("<image>"),
+                           vision_feature_layer=-1, vision_feature_select_strategy="default")  # fmt: skip
+    config.pad_token_id = ids("<pad>")
+    t.LlavaForConditionalGeneration(config).save_pretrained(out)
+    template = chat_template(
+        {"system": "", "user": "USER: ", "assistant": "ASSISTANT: "}, "<image>\n", "</s>", "ASSISTANT:"
+    )
+    image_processor = t.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    processor = t.LlavaProcessor(
+        image_processor=image_processor, tokenizer=tok, patch_size=14, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=template,
+    )  # fmt: skip
+    processor.save_pretrained(out)
+
+
+def _qwen2_vl(out: Path, *, v25: bool = False) -> None:
+    t = require("transformers")
+    specials = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tok = byte_tokenizer(specials, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # sums to head_dim / 2
+    text = _llama(len(tok), rope_parameters=rope, bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"),
+                  pad_token_id=ids("<|endoftext|>"))  # fmt: skip
+    common = {
+        "image_token_id": ids("<|image_pad|>"), "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"), "vision_end_token_id": ids("<|vision_end|>"),
+    }  # fmt: skip
+    if v25:
+        vision = {"depth": 2, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_heads": 2,
+                  "out_hidden_size": HIDDEN, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                  "window_size": 56, "fullatt_block_indexes": [1]}  # fmt: skip
+        config = t.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
+        model: Any = t.Qwen2_5_VLForConditionalGeneration(config)
+    else:
+        vision = {"depth": 2, "embed_dim": HIDDEN, "hidden_size": HIDDEN, "mlp_ratio": 2, "num_heads": 2,
+                  "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+        config = t.Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+        model = t.Qwen2VLForConditionalGeneration(config)
+    model.save_pretrained(out)
+    template = chat_template(
+        {"system": "<|im_start|>system\n", "user": "<|im_start|>user\n", "assistant": "<|im_start|>assistant\n"},
+        "<|vision_start|><|image_pad|><|vision_end|>", "<|im_end|>\n", "<|im_start|>assistant\n")  # fmt: skip
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    pixels = {"shortest_edge": 28 * 28 * 4, "longest_edge": 56 * 56}  # 1 to 4 merged tokens an image
+    image_processor = Qwen2VLImageProcessorPil(size=pixels, patch_size=14, merge_size=2, temporal_patch_size=2)
+    _save_processor(out, "Qwen2_5_VLProcessor" if v25 else "Qwen2VLProcessor", image_processor, tok, template)
+
+
+def _idefics3(out: Path) -> None:
+    """Idefics3, which is also SmolVLM(-Instruct)'s architecture; one image is 4 tokens, unsplit."""
+    t = require("transformers")
+    specials = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<|im_start|>"]
+    specials += [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)]
+    tok = byte_tokenizer(specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<|im_start|>"), eos_token_id=ids("<end_of_utterance>"),
+                                  pad_token_id=ids("<|endoftext|>")))  # fmt: skip
+    vision = {"hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "image_size": 56, "patch_size": 14}  # fmt: skip
+    config = t.Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, image_token_id=ids("<image>"),
+                              pad_token_id=ids("<|endoftext|>"))  # fmt: skip
+    t.Idefics3ForConditionalGeneration(config).save_pretrained(out)
+    template = chat_template({"system": "<|im_start|>System: ", "user": "<|im_start|>User:", "assistant": "Assistant:"},
+                         "<image>", "<end_of_utterance>\n", "Assistant:")  # fmt: skip
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": 56}, max_image_size={"longest_edge": 56}, do_image_splitting=False
+    )
+    t.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4,
+                        chat_template=template).save_pretrained(out)  # fmt: skip
+
+
+FAMILIES: dict[str, Callable[[Path], None]] = {
+    "llava": _llava,
+    "qwen2_vl": _qwen2_vl,
+    "qwen2_5_vl": lambda out: _qwen2_vl(out, v25=True),
+    "idefics3": _idefics3,
+}
+
+
+def build_tiny_vlm(family: str, out: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random ``family`` VLM (weights, config, processor, chat template) to ``out``."""
+    torch = require("torch")
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny VLM family {family!r} (known: {', '.join(FAMILIES)})")
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        FAMILIES[family](path)
+    return path

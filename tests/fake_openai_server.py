@@ -1,0 +1,217 @@
+"""A FAKE OpenAI-compatible server on a loopback port, for the ``openai:`` target's tests.
+
+It is a fake because the servers it imitates (vLLM, LiteLLM, an infinity-style embeddings server)
+cannot run here: no GPU, no network. It speaks real HTTP on 127.0.0.1 (http.server), so the
+target's real client, JSON and SSE code run. What it accepts is configurable per test:
+
+- ``image_forms``: which ways of sending an image to ``/v1/embeddings`` it understands:
+  ``"messages"`` (vLLM's chat-embeddings), ``"input_parts"`` (``input`` items with ``image_url``),
+  ``"data_url"`` (``input`` strings that are ``data:image/...`` URLs, as LiteLLM and infinity-style
+  servers take them). Anything else in ``input`` is embedded as text, data URLs included, as a
+  text-only server would do.
+- ``chat_images``: whether ``/v1/chat/completions`` takes ``image_url`` parts (else 400).
+
+Embeddings: an image is ``[mean R, mean G, mean B, 1]`` of its decoded pixels / 255, a text a
+hash-derived vector, so answers depend on pixels (not on the PNG's bytes) and on text exactly.
+Chat: the reply names each image's dominant colour, then the words of the last text, one token a
+word, cut at ``max_tokens`` (finish_reason "length"); sampling (temperature > 0) shuffles the
+words with ``seed`` + choice index; logprobs are ``-0.1 * (position + 1)``; ``stream`` sends SSE.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+COLOURS = {0: "red", 1: "green", 2: "blue"}
+
+
+def _pixels(url: str) -> np.ndarray:
+    head, _, payload = url.partition(",")
+    if not head.startswith("data:image/") or ";base64" not in head:
+        raise ValueError("not an image data URL")
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB"), dtype=np.float32)
+
+
+def image_vector(url: str) -> list[float]:
+    px = _pixels(url)
+    return [*(px.reshape(-1, 3).mean(0) / 255.0).tolist(), 1.0]
+
+
+def text_vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [b / 255.0 for b in digest[:4]]
+
+
+def colour_of(url: str) -> str:
+    return COLOURS[int(np.argmax(_pixels(url).reshape(-1, 3).mean(0)))]
+
+
+@dataclass
+class FakeConfig:
+    image_forms: tuple[str, ...] = ("data_url",)
+    chat: bool = True
+    chat_images: bool = True
+    model: str = "fake-vlm"
+    ignore_n: bool = False
+    """Answer one choice whatever ``n`` asks (Ollama-style)."""
+    refuse_logprobs: bool = False
+    """Answer 400 to ``logprobs: true`` (servers without logprob support)."""
+    stream_fault: str = ""
+    """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": "bad_request"}})
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": self.server.config.model, "object": "model"}]})
+        else:
+            self._error(404, "not found")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.server.config.requests.append({"path": self.path, "body": body})
+        try:
+            if self.path == "/v1/embeddings":
+                self._embeddings(body)
+            elif self.path == "/v1/chat/completions" and self.server.config.chat:
+                self._chat(body)
+            else:
+                self._error(404, "not found")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._error(400, f"bad request: {exc}")
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        forms = self.server.config.image_forms
+        if "messages" in body:
+            if "messages" not in forms:
+                return self._error(400, "messages are not supported for embeddings")
+            parts = body["messages"][0]["content"]
+            vectors = [image_vector(p["image_url"]["url"]) for p in parts if p.get("type") == "image_url"]
+        else:
+            items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            vectors = []
+            for item in items:
+                if isinstance(item, dict):
+                    if "input_parts" not in forms:
+                        return self._error(400, "input must be strings")
+                    vectors.append(image_vector(item["image_url"]["url"]))
+                elif "data_url" in forms and item.startswith("data:image/"):
+                    vectors.append(image_vector(item))
+                else:
+                    vectors.append(text_vector(item))  # a text server embeds a data URL as text
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        self._send(200, {"object": "list", "data": data, "model": self.server.config.model})
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        colours: list[str] = []
+        last_text = ""
+        for message in body["messages"]:
+            content = message["content"]
+            for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+                if part["type"] == "image_url":
+                    if not self.server.config.chat_images:
+                        return self._error(400, "this model does not take images")
+                    colours.append(colour_of(part["image_url"]["url"]))
+                elif part["type"] == "text":
+                    last_text = part["text"]
+        words = colours + last_text.split()
+        if body.get("logprobs") and self.server.config.refuse_logprobs:
+            return self._error(400, "logprobs are not supported by this server")
+        n, max_tokens = int(body.get("n", 1)), int(body.get("max_tokens") or 16)
+        if self.server.config.ignore_n:
+            n = 1
+        choices = []
+        for i in range(n):
+            ws = list(words)
+            if float(body.get("temperature", 1.0)) > 0:
+                random.Random(f"{body.get('seed')}-{i}").shuffle(ws)
+            cut = ws[:max_tokens]
+            text = " ".join(cut)
+            finish = "length" if len(ws) > max_tokens else "stop"
+            for stop in body.get("stop") or []:
+                if stop in text:
+                    text, finish = text[: text.index(stop)], "stop"
+            choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": finish}  # fmt: skip
+            if body.get("logprobs"):
+                tokens = [w if j == 0 else " " + w for j, w in enumerate(cut)]
+                choice["logprobs"] = {"content": [{"token": t, "logprob": -0.1 * (j + 1), "bytes": list(t.encode())}
+                                                  for j, t in enumerate(tokens)]}  # fmt: skip
+            choices.append(choice)
+        usage = {"prompt_tokens": len(words) + 3, "completion_tokens": len(choices[0]["message"]["content"].split())}
+        if body.get("stream"):
+            return self._stream(choices[0])
+        self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "model": self.server.config.model,
+                         "choices": choices, "usage": usage})  # fmt: skip
+
+    def _stream(self, choice: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        text = choice["message"]["content"]
+        pieces = [w if j == 0 else " " + w for j, w in enumerate(text.split(" "))] if text else []
+        events = [{"delta": {"role": "assistant"}}] + [{"delta": {"content": p}} for p in pieces]
+        events.append({"delta": {}, "finish_reason": choice["finish_reason"]})
+        fault = self.server.config.stream_fault
+        for i, event in enumerate(events):
+            chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                     "choices": [{"index": 0, **event}]}  # fmt: skip
+            if fault == "error" and i == 2:
+                chunk = {"error": {"message": "engine died", "code": 500}}
+            self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
+        if fault != "truncate":
+            self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, config: FakeConfig) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.config = config
+
+
+@contextmanager
+def fake_openai_server(config: FakeConfig) -> Iterator[str]:
+    """Serve ``config`` on a loopback port; yields the base URL (``http://127.0.0.1:P/v1``)."""
+    server = _Server(config)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
