@@ -150,7 +150,7 @@ def test_oversized_images_are_refused_from_their_shape_before_any_copy() -> None
                  lambda: as_messages([Message("user", ("a", IMG, giant))], max_pixels=89_478_485)):  # fmt: skip
         with pytest.raises(TargetCallError) as info:
             call()
-        assert info.value.code == "too_many_pixels" and "image" in str(info.value)
+        assert info.value.code == "image_too_large" and "image" in str(info.value)
 
 
 def test_generate_batch_defaults_to_one_request_at_a_time_through_wrappers() -> None:
