@@ -287,7 +287,10 @@ class Connection:
         self.refresh()
         if self.closed:
             return
-        if proxy.http_toxics:
+        if proxy.http_toxics and self.http is None:
+            # Not when the client's first bytes came before this task ran (uvloop may deliver data
+            # before pause_reading takes effect): Direction.feed started a session for them already,
+            # and a second one would not know the requests in flight (it dropped their response heads).
             self.http = HttpSession(self)
         host, port = proxy.upstream_address
         loop = asyncio.get_running_loop()
