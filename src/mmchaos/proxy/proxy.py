@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmchaos.errors import ConfigError, UnknownNameError
+from mmchaos.net import literal_ip, require_loopback, require_loopback_async
 from mmchaos.proxy.config import HTTP_TOXIC_TYPES, ProxyConfig, Toxic, merge_toxic, parse_hostport, parse_toxic
 from mmchaos.proxy.connection import Connection
 
@@ -58,6 +59,9 @@ class FaultProxy:
     Create it anywhere; it binds in :meth:`start` (or ``async with``). Every method but ``start``,
     ``stop`` and ``set_enabled`` is synchronous and must run on the proxy's event loop; from
     other threads use :class:`ProxyThread`.
+
+    The listen and upstream addresses must be loopback (:mod:`mmchaos.net`'s one rule, error code
+    ``remote_not_allowed``) unless ``allow_remote``.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class FaultProxy:
         enabled: bool = True,
         seed: int = 0,
         connect_timeout: float = 5.0,
+        allow_remote: bool = False,
     ) -> None:
         config = ProxyConfig.parse(
             {"name": name, "listen": listen, "upstream": upstream, "enabled": enabled, "seed": seed}
@@ -80,6 +85,11 @@ class FaultProxy:
         self._listen = parse_hostport(config.listen, what="listen")
         self.upstream_address = parse_hostport(config.upstream, what="upstream")
         self._upstream_text = config.upstream
+        self.allow_remote = allow_remote
+        if not allow_remote:  # literal addresses now, in the caller; host names in start()
+            for what, (host, _) in (("listen", self._listen), ("upstream", self.upstream_address)):
+                if literal_ip(host):
+                    require_loopback(host, what=what)
         self._enabled = config.enabled
         self._toxics: dict[str, Toxic] = {}
         for toxic in toxics:
@@ -115,6 +125,9 @@ class FaultProxy:
     async def start(self) -> FaultProxy:
         if self._running:
             return self
+        if not self.allow_remote:
+            await require_loopback_async(self._listen[0], what="listen")
+            await require_loopback_async(self.upstream_address[0], what="upstream")
         self._running = True
         if self._enabled:
             try:
