@@ -1,9 +1,15 @@
 """One proxied connection: its two sockets, its two directions and the toxic stubs that hold it.
 
 With no toxic on a direction, the data path is a plain pump: each chunk the kernel hands over
-is written to the other socket in the same callback, with flow control by pausing the reader, and
-``TCP_NODELAY`` on both sockets. Toxics switch a direction onto a queue worked by one task per
-direction, which runs each chunk through the toxics in the order they were added.
+is written to the other socket in the same callback, with flow control by pausing the reader
+(``TCP_NODELAY`` is on: asyncio and uvloop set it on every TCP transport). Toxics switch a
+direction onto a queue worked by one task per direction, which runs each chunk through the toxics
+in the order they were added.
+
+Connection set-up is on the path of every request of a client that does not keep connections
+alive, so it does little: the client is read from at once (what arrives before the upstream is
+connected waits in the queue and is written, in order, the moment it is), and no socket option
+is set that the loop has set already.
 
 A connection knows its proxy only through :class:`ProxyHost`, so this module does not import
 :mod:`mmchaos.proxy.proxy` (which imports it).
@@ -72,11 +78,7 @@ class Side(asyncio.Protocol):
         return self.conn.down if self.client else self.conn.up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         if self.client:
             self.conn.client_made()
 
@@ -202,6 +204,16 @@ class Direction:
 
     def connected(self, dst: Side) -> None:
         self.dst = dst
+        if not self.chain and self.task is None and dst.transport is not None:
+            # What the client sent while the upstream connected: written now, not by a task.
+            queue = self.queue
+            while queue and isinstance(queue[0], Chunk):
+                data = queue.popleft().data
+                self.queued -= len(data)
+                dst.transport.write(data)
+                self.sent += len(data)
+            if self.queued < _LOW_WATER:
+                self.pause_source("queue", False)
         if self.queue and self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._pump())
 
@@ -278,7 +290,6 @@ class Connection:
     # lifecycle
 
     def client_made(self) -> None:
-        self.up.pause_source("connecting", True)
         self.proxy.connection_opened(self)
         self._open_task = asyncio.get_running_loop().create_task(self._open())
 
@@ -308,7 +319,6 @@ class Connection:
             return
         self.server = self.down.src = server
         self.up.connected(server)
-        self.up.pause_source("connecting", False)
 
     def side_lost(self, side: Side, exc: Exception | None) -> None:
         if self.closed:
