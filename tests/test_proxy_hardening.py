@@ -13,7 +13,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from mmchaos.errors import ConfigError
-from mmchaos.net import REMOTE_REFUSED
+from mmchaos.net import REMOTE_REFUSED, require_loopback
 from mmchaos.proxy import ControlServer, FaultProxy, ProxyThread
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -108,12 +108,29 @@ def test_loopback_names_and_mapped_addresses_pass_and_allow_remote_opens_the_rul
         # allowed: starts and listens (on loopback); the remote upstream is never contacted here
         async with FaultProxy("10.0.0.1:8000", allow_remote=True) as proxy:
             assert proxy.address[0] == "127.0.0.1"
-        proxy = FaultProxy("unresolvable.invalid:8000")
-        with pytest.raises(ConfigError) as info:
-            await proxy.start()
-        assert info.value.code == REMOTE_REFUSED
+        async with FaultProxy("localhost:8000", listen="localhost:0") as proxy:  # names resolve at start
+            assert proxy.address[1] > 0
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_host_names_must_resolve_to_loopback_only() -> None:
+    # DNS is faked (no lookups leave this machine in tests): a name with one remote address fails.
+    def resolver(addresses: list[str]) -> Callable[..., list[tuple[Any, ...]]]:
+        return lambda *a, **k: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0)) for ip in addresses]
+
+    require_loopback("svc", what="upstream", resolver=resolver(["127.0.0.1", "::1"]))
+    for addresses in (["127.0.0.1", "10.0.0.1"], []):
+        with pytest.raises(ConfigError, match="upstream 'svc'") as info:
+            require_loopback("svc", what="upstream", resolver=resolver(addresses))
+        assert info.value.code == REMOTE_REFUSED
+
+    def fails(*a: Any, **k: Any) -> list[tuple[Any, ...]]:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    with pytest.raises(ConfigError, match="cannot be resolved") as info:
+        require_loopback("svc", what="upstream", resolver=fails)
+    assert info.value.code == REMOTE_REFUSED
 
 
 @pytest.mark.parametrize(
@@ -232,6 +249,9 @@ def test_control_api_refuses_browsers_like_toxiproxy(api: tuple[ProxyThread, htt
         ("/proxies", b'{"name": "s", "upstream": "127.0.0.1:1", "seed": ' + b"9" * 5000 + b"}", "control_bad_json"),
         ("/proxies", b'{"name": "s", "upstream": "127.0.0.1:1", "seed": ' + b"9" * 30 + b"}", "config_invalid_proxy"),
         ("/proxies", b"\xff\xfe{}", "control_bad_json"),
+        ("/proxies", b'{"name": "s", "upstream": "a\\u0000b:80"}', "config_invalid_proxy"),
+        ("/proxies", b'{"name": "s", "upstream": "a\\r\\nb:80"}', "config_invalid_proxy"),
+        ("/proxies", b'{"name": "s", "upstream": "' + b"a" * 300 + b':80"}', "config_invalid_proxy"),
     ],
 )
 def test_hostile_json_gets_a_clean_4xx_with_a_stable_code(

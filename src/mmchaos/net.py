@@ -109,7 +109,7 @@ def require_loopback(host: str, *, what: str = "address", resolver: Resolver = s
     """
     try:
         addresses = resolve(host, 0, resolver)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
         raise _refusal(what, host, f"cannot be resolved ({exc.strerror or exc})") from None
     _check(what, host, addresses)
 
@@ -118,6 +118,6 @@ async def require_loopback_async(host: str, *, what: str = "address") -> None:
     """:func:`require_loopback` without blocking the event loop."""
     try:
         addresses = await resolve_async(host, 0)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
         raise _refusal(what, host, f"cannot be resolved ({exc.strerror or exc})") from None
     _check(what, host, addresses)

@@ -321,6 +321,8 @@ def parse_hostport(value: str, *, what: str = "address", default_host: str = "12
     port = int(m.group(2) or m.group(4))
     if not 0 <= port <= 65535:
         raise ConfigError(f"{what} {value!r}: port {port} is out of range", code="config_bad_address")
+    if len(host) > 253 or any(len(label) > 63 for label in host.split(".")) or not host.isprintable():
+        raise ConfigError(f"{what} {value[:80]!r}: {host[:40]!r} is not a host name", code="config_bad_address")
     return host, port
 
 
