@@ -95,6 +95,10 @@ def _refusal(what: str, host: str, why: str) -> ConfigError:
     )
 
 
+def _why(exc: Exception) -> str:
+    return str(getattr(exc, "strerror", None) or exc).splitlines()[0][:200]
+
+
 def _check(what: str, host: str, addresses: list[str]) -> None:
     remote = non_loopback(addresses)
     if remote or not addresses:
@@ -110,7 +114,7 @@ def require_loopback(host: str, *, what: str = "address", resolver: Resolver = s
     try:
         addresses = resolve(host, 0, resolver)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
-        raise _refusal(what, host, f"cannot be resolved ({exc.strerror or exc})") from None
+        raise _refusal(what, host, f"cannot be resolved ({_why(exc)})") from None
     _check(what, host, addresses)
 
 
@@ -119,5 +123,5 @@ async def require_loopback_async(host: str, *, what: str = "address") -> None:
     try:
         addresses = await resolve_async(host, 0)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
-        raise _refusal(what, host, f"cannot be resolved ({exc.strerror or exc})") from None
+        raise _refusal(what, host, f"cannot be resolved ({_why(exc)})") from None
     _check(what, host, addresses)
