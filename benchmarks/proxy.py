@@ -1,6 +1,7 @@
 """Overhead of the fault proxy with no toxics, against a direct connection, on loopback.
 
-    python benchmarks/proxy.py [--blocks 10] [--small 3000] [--seconds 0.5] [--uploads 30] [--loop uvloop]
+    python benchmarks/proxy.py [--blocks 10] [--small 3000] [--fresh 1000] [--seconds 0.5] [--uploads 30]
+                               [--loop uvloop] [--toxic http_status:toxicity=0]
 
 Starts the echo HTTP upstream (``python -m mmchaos.proxy.echo``) and the proxy, each in its own
 process, and measures from this process with raw keep-alive sockets (so the client adds as little
@@ -8,6 +9,8 @@ as possible):
 
 - small ``GET /json`` requests on one connection, one at a time: the added latency;
 - small requests on 8 connections kept busy for ``--seconds`` per block: requests/s under load;
+- small requests each on a new connection (connect, request, response, close), one at a time:
+  the cost of connection set-up (issue 11: 47-66% of direct before its fix);
 - ``POST /upload`` of 5 MB bodies, one at a time: MB/s.
 
 Direct and proxied runs alternate in blocks, so drift on a shared machine hits both alike.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import selectors
 import socket
@@ -107,6 +111,21 @@ def _sequential(addr: tuple[str, int], n: int, head: bytes, body: bytes = b"") -
     return out
 
 
+def _fresh(addr: tuple[str, int], n: int) -> list[float]:
+    """``n`` small requests, each on a new connection closed after its response; latencies ms."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        client = Client(addr)
+        try:
+            status = client.request(SMALL)
+        finally:
+            client.sock.close()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+        assert status.startswith(b"HTTP/1.1 200"), status[:80]
+    return out
+
+
 def _concurrent(addr: tuple[str, int], conns: int, seconds: float) -> tuple[list[float], int]:
     """Keep ``conns`` connections busy with small requests for ``seconds``; (latencies ms, completed)."""
     clients = [Client(addr) for _ in range(conns)]
@@ -136,6 +155,16 @@ def _concurrent(addr: tuple[str, int], conns: int, seconds: float) -> tuple[list
     return lat, len(lat)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a child process (Linux /proc); NaN elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
@@ -146,6 +175,9 @@ def run(args: argparse.Namespace) -> str:
     proxy = None
     try:
         proxy_args = [__file__, "--role", "proxy", "--upstream", f"{up_addr[0]}:{up_addr[1]}", "--loop", args.loop]
+        proxy_args += [f"--toxic={t}" for t in args.toxic]
+        if args.profile:
+            proxy_args += ["--profile", args.profile]
         proxy, px_addr = _spawn(proxy_args)
         addrs = {"direct": up_addr, "proxy": px_addr}
         body = os.urandom(1024) * (args.upload_mb * 1024)
@@ -157,10 +189,17 @@ def run(args: argparse.Namespace) -> str:
         conc: dict[str, list[float]] = {"direct": [], "proxy": []}
         done: dict[str, int] = {"direct": 0, "proxy": 0}
         upl: dict[str, list[float]] = {"direct": [], "proxy": []}
+        fresh: dict[str, list[float]] = {"direct": [], "proxy": []}
+        fresh_cpu = 0.0  # the proxy process's CPU seconds over the new-connection workload
         for block in range(args.blocks):
             order = ["direct", "proxy"] if block % 2 == 0 else ["proxy", "direct"]
             for name in order:
                 seq[name] += _sequential(addrs[name], args.small // args.blocks, SMALL)
+            for name in order:
+                c0 = _cpu_seconds(proxy.pid)
+                fresh[name] += _fresh(addrs[name], max(1, args.fresh // args.blocks))
+                if name == "proxy":
+                    fresh_cpu += _cpu_seconds(proxy.pid) - c0
             for name in order:
                 lat, n = _concurrent(addrs[name], args.connections, args.seconds)
                 conc[name] += lat
@@ -176,6 +215,12 @@ def run(args: argparse.Namespace) -> str:
     mb = args.upload_mb
     rows: list[tuple[str, dict[str, list[float]], Callable[[str], float], str]] = [
         (f"small GET, 1 connection (n={len(seq['direct'])})", seq, lambda k: 1000 / statistics.fmean(seq[k]), "req/s"),
+        (
+            f"small GET, new connection each (n={len(fresh['direct'])})",
+            fresh,
+            lambda k: 1000 / statistics.fmean(fresh[k]),
+            "req/s",
+        ),
         (f"small GET, {args.connections} connections", conc, lambda k: done[k] / total, "req/s"),
         (f"{mb} MB POST upload (n={len(upl['direct'])})", upl, lambda k: mb * 1000 / statistics.median(upl[k]), "MB/s"),
     ]
@@ -194,20 +239,28 @@ def run(args: argparse.Namespace) -> str:
         )
     mean_ratio = statistics.fmean(upl["direct"]) / statistics.fmean(upl["proxy"])
     lines.append("")
-    lines.append(f"proxy event loop: {args.loop}; uploads mean-based throughput ratio: {mean_ratio:.0%}")
+    toxics = ", ".join(args.toxic) or "none"
+    lines.append(
+        f"proxy CPU per new-connection request: {fresh_cpu / len(fresh['proxy']) * 1e6:,.0f} us "
+        "(CPU time, so less disturbed by other load than the latencies)"
+    )
+    lines.append(
+        f"proxy event loop: {args.loop}; toxics: {toxics}; uploads mean-based throughput ratio: {mean_ratio:.0%}"
+    )
     return "\n".join(lines)
 
 
-async def _proxy_role(upstream: str) -> None:
+async def _proxy_role(upstream: str, toxics: list[str]) -> None:
     import signal
 
+    from mmchaos.cli.proxy_cmd import parse_toxic_spec
     from mmchaos.proxy.proxy import FaultProxy
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with FaultProxy(upstream, listen="127.0.0.1:0") as proxy:
+    async with FaultProxy(upstream, listen="127.0.0.1:0", toxics=[parse_toxic_spec(t) for t in toxics]) as proxy:
         print(f"listening {proxy.address[0]}:{proxy.address[1]}", flush=True)
         await stop.wait()
 
@@ -216,11 +269,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--blocks", type=int, default=10, help="alternating direct/proxy blocks")
     parser.add_argument("--small", type=int, default=3000, help="sequential small requests per path")
+    parser.add_argument("--fresh", type=int, default=1000, help="requests on new connections per path")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=0.5, help="concurrent phase per block and path")
     parser.add_argument("--uploads", type=int, default=30, help="uploads per path")
     parser.add_argument("--upload-mb", type=int, default=5)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="the proxy's event loop")
+    parser.add_argument("--toxic", action="append", default=[], help="a toxic on the proxy (mmchaos proxy --toxic)")
+    parser.add_argument("--profile", help="write the proxy process's cProfile stats to this file")
     parser.add_argument("--role", choices=["bench", "proxy"], default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -229,7 +285,14 @@ def main() -> None:
             import uvloop
 
             uvloop.install()
-        asyncio.run(_proxy_role(args.upstream))
+        if not args.profile:
+            asyncio.run(_proxy_role(args.upstream, args.toxic))
+            return
+        import cProfile
+
+        with cProfile.Profile(time.process_time) as profile:  # CPU, not the waits in epoll
+            asyncio.run(_proxy_role(args.upstream, args.toxic))
+        profile.dump_stats(args.profile)
         return
     print(run(args))
 

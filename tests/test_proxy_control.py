@@ -84,7 +84,10 @@ def test_control_api_round_trip() -> None:
                     assert r.status_code == 400 and "ms" in r.json()["error"]
                     assert (await api.get("/proxies/nope")).status_code == 404
                     assert (await api.delete("/proxies/api/toxics/nope")).status_code == 404
-                    assert (await api.post("/proxies/api/toxics", content=b"{not json")).status_code == 400
+                    r = await api.post(
+                        "/proxies/api/toxics", content=b"{not json", headers={"Content-Type": "application/json"}
+                    )
+                    assert r.status_code == 400 and r.json()["code"] == "control_bad_json"
 
                     # proxies: disable and enable, create, delete, reset
                     port = proxy.address[1]

@@ -324,3 +324,44 @@ async def test_injected_status_answers_expect_continue_at_once_and_closes() -> N
         data, closed = await raw_exchange(proxy, request)  # the body is never sent
         assert data.startswith(b"HTTP/1.1 429 ") and b"Connection: close" in data and closed
         assert echo.requests == 0
+
+
+@aio
+async def test_a_request_the_framer_gives_up_on_reaches_the_upstream_whole() -> None:
+    # Transfer-Encoding other than chunked: the session stops parsing; the head it read goes on.
+    toxic = {"type": "http_status", "attributes": {"path_prefix": "/never"}}
+    async with http_proxy(toxic) as (proxy, echo, _):
+        request = (
+            b"POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\nContent-Length: 3\r\n"
+            b"Connection: close\r\n\r\nabc"
+        )
+        data, closed = await raw_exchange(proxy, request)
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b'{"bytes": 3}') and closed
+        assert echo.requests == 1
+
+
+@aio
+async def test_a_request_head_that_does_not_parse_reaches_the_upstream_whole() -> None:
+    # A space before the colon: the framer refuses the head, the upstream accepts it.
+    toxic = {"type": "http_status", "attributes": {"path_prefix": "/never"}}
+    async with http_proxy(toxic) as (proxy, echo, _):
+        request = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Odd : 1\r\nConnection: close\r\n\r\n"
+        data, closed = await raw_exchange(proxy, request)
+        assert data.startswith(b"HTTP/1.1 200 ") and closed
+        assert echo.requests == 1
+
+
+@aio
+async def test_injected_answer_to_a_pipelined_request_waits_for_the_streaming_response_before_it() -> None:
+    toxic = {"type": "http_status", "attributes": {"status": 503, "path_prefix": "/v1/"}}
+    async with http_proxy(toxic) as (proxy, _, _):
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(b"GET /stream?events=4&interval_ms=100 HTTP/1.1\r\nHost: t\r\n\r\n")
+        first = await asyncio.wait_for(reader.readuntil(b"data: "), 5)  # the stream has begun
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        rest = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        data = first + rest
+        stream_end = data.index(b"0\r\n\r\n")
+        assert b"data: [DONE]" in data[:stream_end], data
+        assert data[stream_end + 5 :].startswith(b"HTTP/1.1 503 "), data

@@ -14,12 +14,16 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mmchaos.errors import ConfigError
+
 __all__ = [
     "REMOTE_REFUSED",
     "is_loopback_address",
     "is_loopback_host",
     "literal_ip",
     "non_loopback",
+    "require_loopback",
+    "require_loopback_async",
     "resolve",
     "resolve_async",
 ]
@@ -82,3 +86,42 @@ def is_loopback_host(host: str, resolver: Resolver = socket.getaddrinfo) -> bool
     except OSError:
         return False
     return bool(addresses) and not non_loopback(addresses)
+
+
+def _refusal(what: str, host: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"{what} {host!r} {why}; mmchaos stays on this machine unless you pass --allow-remote (allow_remote=True)",
+        code=REMOTE_REFUSED,
+    )
+
+
+def _why(exc: Exception) -> str:
+    return str(getattr(exc, "strerror", None) or exc).splitlines()[0][:200]
+
+
+def _check(what: str, host: str, addresses: list[str]) -> None:
+    remote = non_loopback(addresses)
+    if remote or not addresses:
+        raise _refusal(what, host, f"is not a loopback address ({', '.join(remote) or 'no address'})")
+
+
+def require_loopback(host: str, *, what: str = "address", resolver: Resolver = socket.getaddrinfo) -> None:
+    """Raise a ConfigError (code :data:`REMOTE_REFUSED`) unless ``host`` is, or resolves only to, loopback.
+
+    ``what`` names the address in the message (``upstream``, ``--listen``). The wildcard
+    addresses (``0.0.0.0``, ``::``) are not loopback: listening on them opens the port to the network.
+    """
+    try:
+        addresses = resolve(host, 0, resolver)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
+        raise _refusal(what, host, f"cannot be resolved ({_why(exc)})") from None
+    _check(what, host, addresses)
+
+
+async def require_loopback_async(host: str, *, what: str = "address") -> None:
+    """:func:`require_loopback` without blocking the event loop."""
+    try:
+        addresses = await resolve_async(host, 0)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a label over 63 characters (IDNA)
+        raise _refusal(what, host, f"cannot be resolved ({_why(exc)})") from None
+    _check(what, host, addresses)

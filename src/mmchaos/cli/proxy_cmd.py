@@ -78,7 +78,7 @@ def _build(upstream: str, listen: str, specs: list[str], toxics_file: Path | Non
     return ProxyConfig.parse({"name": name, "listen": listen, "upstream": upstream, "toxics": toxics, "seed": seed})
 
 
-async def _serve(config: ProxyConfig, control: str | None) -> None:
+async def _serve(config: ProxyConfig, control: str | None, allow_remote: bool) -> None:
     from mmchaos.proxy.control import ControlServer
     from mmchaos.proxy.proxy import FaultProxy
 
@@ -87,8 +87,8 @@ async def _serve(config: ProxyConfig, control: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    async with FaultProxy.from_config(config) as proxy:
-        server = ControlServer([proxy], listen=control) if control is not None else None
+    async with FaultProxy.from_config(config, allow_remote=allow_remote) as proxy:
+        server = ControlServer([proxy], listen=control, allow_remote=allow_remote) if control is not None else None
         if server is not None:
             await server.start()
         try:
@@ -106,7 +106,7 @@ async def _serve(config: ProxyConfig, control: str | None) -> None:
     typer.echo("proxy stopped", err=True)
 
 
-def _run(config: ProxyConfig, control: str | None, loop: str) -> None:
+def _run(config: ProxyConfig, control: str | None, loop: str, allow_remote: bool) -> None:
     if loop not in ("auto", "asyncio", "uvloop"):
         raise ConfigError(f"--loop must be auto, asyncio or uvloop, not {loop!r}", code="config_invalid")
     if loop != "asyncio" and sys.platform != "win32":
@@ -118,9 +118,9 @@ def _run(config: ProxyConfig, control: str | None, loop: str) -> None:
 
                 require("uvloop")
         else:
-            uvloop.run(_serve(config, control))
+            uvloop.run(_serve(config, control, allow_remote))
             return
-    asyncio.run(_serve(config, control))
+    asyncio.run(_serve(config, control, allow_remote))
 
 
 def register(app: typer.Typer) -> None:
@@ -150,10 +150,22 @@ def register(app: typer.Typer) -> None:
         loop: Annotated[
             str, typer.Option("--loop", help="event loop: auto (uvloop if installed), asyncio, uvloop")
         ] = "auto",
+        allow_remote: Annotated[
+            bool,
+            typer.Option("--allow-remote", help="allow listen, upstream and control addresses that are not loopback"),
+        ] = False,
     ) -> None:
         """Run a fault-injecting TCP/HTTP proxy (toxiproxy-compatible toxics) until Ctrl-C."""
-        if control is not None:
-            from mmchaos.proxy.config import parse_hostport
+        from mmchaos.proxy.config import parse_hostport
 
-            parse_hostport(control, what="--control")
-        _run(_build(upstream, listen, toxic or [], toxics_file, name, seed), control, loop)
+        config = _build(upstream, listen, toxic or [], toxics_file, name, seed)
+        addresses = [("--listen", config.listen), ("--upstream", config.upstream)]
+        if control is not None:
+            addresses.append(("--control", control))
+        for what, address in addresses:
+            host, _ = parse_hostport(address, what=what)
+            if not allow_remote:
+                from mmchaos.net import require_loopback
+
+                require_loopback(host, what=what)
+        _run(config, control, loop, allow_remote)

@@ -26,9 +26,16 @@ log = logging.getLogger(__name__)
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """A request this server refuses before any handler sees it; ``code`` is stable."""
+
+    def __init__(self, status: int, message: str, code: str = "http_bad_request") -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_MAX_TRAILER = 8 * 1024
 
 
 @dataclass
@@ -77,7 +84,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request | None:
-    """One request from the stream; None on a clean close between requests."""
+    """One request from the stream; None on a clean close between requests. Refusals are BadRequest."""
     try:
         raw = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
@@ -85,7 +92,7 @@ async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request |
             return None
         raise BadRequest(400, "incomplete request head") from None
     except asyncio.LimitOverrunError:
-        raise BadRequest(431, "request head too large") from None
+        raise BadRequest(431, "request head too large", "http_head_too_large") from None
     lines = raw.decode("latin-1").rstrip("\r\n").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -99,33 +106,43 @@ async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request |
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     req = Request(parts[0], parts[1], parts[2], headers)
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks = []
-        total = 0
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise BadRequest(400, "bad chunk size") from None
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass
-                break
-            total += size
-            if total > max_body:
-                raise BadRequest(413, "request body too large")
-            chunks.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-        req.body = b"".join(chunks)
+        req.body = await _read_chunked(reader, max_body)
     elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            raise BadRequest(400, "bad Content-Length") from None
+        text = headers["content-length"]
+        if not text.isascii() or not text.isdigit() or len(text) > 18:  # no sign, no list, no overflow
+            raise BadRequest(400, f"bad Content-Length {text[:20]!r}", "http_bad_content_length")
+        length = int(text)
         if length > max_body:
-            raise BadRequest(413, "request body too large")
+            raise BadRequest(413, "request body too large", "http_body_too_large")
         req.body = await reader.readexactly(length)
     return req
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            size_line = (await reader.readuntil(b"\r\n"))[:-2]
+        except asyncio.LimitOverrunError:
+            raise BadRequest(400, "chunk size line too long", "http_bad_chunk") from None
+        digits = size_line.split(b";", 1)[0].strip()
+        if not digits or len(digits) > 15 or not _HEX.issuperset(digits):
+            raise BadRequest(400, f"bad chunk size {bytes(size_line[:20])!r}", "http_bad_chunk")
+        size = int(digits, 16)
+        if size == 0:
+            trailer = 0
+            while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                trailer += len(line)
+                if trailer > _MAX_TRAILER:
+                    raise BadRequest(431, "request trailers too large", "http_head_too_large")
+            return b"".join(chunks)
+        total += size
+        if total > max_body:
+            raise BadRequest(413, "request body too large", "http_body_too_large")
+        chunks.append(await reader.readexactly(size))
+        if await reader.readexactly(2) != b"\r\n":
+            raise BadRequest(400, "chunk data not followed by CRLF", "http_bad_chunk")
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -229,7 +246,7 @@ class HttpServer:
                     req = await read_request(reader, self._max_body)
                 except BadRequest as exc:
                     await write_response(
-                        writer, Response.error(exc.status, str(exc)), keep_alive=False, head_only=False
+                        writer, Response.error(exc.status, str(exc), exc.code), keep_alive=False, head_only=False
                     )
                     return
                 if req is None:

@@ -3,6 +3,9 @@
 A toxic is ``{"name", "type", "stream", "toxicity", "attributes"}`` exactly as toxiproxy's REST
 API spells it, so its users' scripts and habits carry over. Time attributes are milliseconds
 (``slicer.delay`` is microseconds, as in toxiproxy), ``bandwidth.rate`` is KB/s (1 KB = 1000 bytes).
+The TCP toxics' attributes are integers, as toxiproxy's are. Every number is finite and bounded
+(times by :data:`MAX_MS`, sizes by :data:`MAX_BYTES`) and no string holds a control character,
+so nothing a client sends can overflow a timer or inject a header.
 The ``http_*`` types are mmchaos's own: faults toxiproxy cannot do because it does not read HTTP.
 """
 
@@ -20,6 +23,8 @@ from mmchaos.registry import closest
 
 __all__ = [
     "HTTP_TOXIC_TYPES",
+    "MAX_BYTES",
+    "MAX_MS",
     "TCP_TOXIC_TYPES",
     "TOXIC_TYPES",
     "BandwidthToxic",
@@ -48,44 +53,55 @@ __all__ = [
 Stream = Literal["upstream", "downstream"]
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_MEDIA_TYPE = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+( *; *[ -~]*)?$"  # printable ASCII
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+MAX_MS = 86_400_000
+"""The longest time attribute, ms (a day): longer is a typo or an attack, and would overflow timers."""
+MAX_BYTES = 1 << 50
+"""The largest byte-count attribute."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- TCP toxics (toxiproxy's) ------------------------------------------------------------------
 
 
 class LatencyAttributes(_Strict):
-    latency: float = Field(ge=0, description="delay added to every chunk, ms")
-    jitter: float = Field(default=0, ge=0, description="uniform +/- variation of the delay, ms")
+    latency: int = Field(ge=0, le=MAX_MS, description="delay added to every chunk, ms")
+    jitter: int = Field(default=0, ge=0, le=MAX_MS, description="uniform +/- variation of the delay, ms")
 
 
 class BandwidthAttributes(_Strict):
-    rate: float = Field(ge=0, description="KB/s (1 KB = 1000 bytes); 0 means unlimited, as in toxiproxy")
+    rate: int = Field(
+        ge=0, le=1_000_000_000, description="KB/s (1 KB = 1000 bytes); 0 means unlimited, as in toxiproxy"
+    )
 
 
 class SlowCloseAttributes(_Strict):
-    delay: float = Field(ge=0, description="ms the close is held back after the source closed")
+    delay: int = Field(ge=0, le=MAX_MS, description="ms the close is held back after the source closed")
 
 
 class TimeoutAttributes(_Strict):
-    timeout: float = Field(default=0, ge=0, description="ms before the connection is closed; 0 holds it until removed")
+    timeout: int = Field(
+        default=0, ge=0, le=MAX_MS, description="ms before the connection is closed; 0 holds it until removed"
+    )
 
 
 class ResetPeerAttributes(_Strict):
-    timeout: float = Field(default=0, ge=0, description="ms before the connection is reset (RST)")
+    timeout: int = Field(default=0, ge=0, le=MAX_MS, description="ms before the connection is reset (RST)")
 
 
 class SlicerAttributes(_Strict):
-    average_size: int = Field(ge=1, description="mean slice size, bytes")
-    size_variation: int = Field(default=0, ge=0, description="uniform +/- variation of the slice size, bytes")
-    delay: int = Field(default=0, ge=0, description="pause between slices, microseconds")
+    average_size: int = Field(ge=1, le=1 << 30, description="mean slice size, bytes")
+    size_variation: int = Field(default=0, ge=0, le=1 << 30, description="uniform +/- variation of the slice size")
+    delay: int = Field(default=0, ge=0, le=MAX_MS * 1000, description="pause between slices, microseconds")
 
 
 class LimitDataAttributes(_Strict):
-    bytes: int = Field(ge=0, description="bytes let through before the connection is closed")
+    bytes: int = Field(ge=0, le=MAX_BYTES, description="bytes let through before the connection is closed")
 
 
 class DownAttributes(_Strict):
@@ -96,14 +112,18 @@ class DownAttributes(_Strict):
 
 
 class _HttpAttributes(_Strict):
-    path_prefix: str | None = Field(default=None, description="only requests whose target starts with this")
+    path_prefix: str | None = Field(
+        default=None, max_length=2048, pattern=_NO_CONTROL, description="only requests whose target starts with this"
+    )
 
 
 class HttpStatusAttributes(_HttpAttributes):
     status: int = Field(default=503, ge=200, le=599)
-    retry_after: int | None = Field(default=None, ge=0, description="seconds, sent as Retry-After")
-    body: str | None = Field(default=None, description="response body; an OpenAI-style JSON error by default")
-    content_type: str = "application/json"
+    retry_after: int | None = Field(default=None, ge=0, le=MAX_MS // 1000, description="seconds, sent as Retry-After")
+    body: str | None = Field(
+        default=None, max_length=1 << 20, description="response body; an OpenAI-style JSON error by default"
+    )
+    content_type: str = Field(default="application/json", max_length=255, pattern=_MEDIA_TYPE)
 
 
 class HttpCorruptAttributes(_HttpAttributes):
@@ -111,12 +131,14 @@ class HttpCorruptAttributes(_HttpAttributes):
 
 
 class HttpTruncateAttributes(_HttpAttributes):
-    bytes: int | None = Field(default=None, ge=0, description="body bytes sent before the close; wins over fraction")
+    bytes: int | None = Field(
+        default=None, ge=0, le=MAX_BYTES, description="body bytes sent before the close; wins over fraction"
+    )
     fraction: float = Field(default=0.5, ge=0, lt=1, description="share of a Content-Length body sent before the close")
 
 
 class HttpDropHeaderAttributes(_HttpAttributes):
-    headers: list[str] = Field(default_factory=lambda: ["Content-Type"], min_length=1)
+    headers: list[str] = Field(default_factory=lambda: ["Content-Type"], min_length=1, max_length=64)
 
     @field_validator("headers", mode="before")
     @classmethod
@@ -133,8 +155,10 @@ class HttpDropHeaderAttributes(_HttpAttributes):
 
 
 class HttpStallAttributes(_HttpAttributes):
-    after_bytes: int = Field(default=0, ge=0, description="body bytes forwarded before the stall")
-    duration: float = Field(default=0, ge=0, description="ms the rest is held; 0 holds it until the toxic is removed")
+    after_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="body bytes forwarded before the stall")
+    duration: float = Field(
+        default=0, ge=0, le=MAX_MS, description="ms the rest is held; 0 holds it until the toxic is removed"
+    )
     streaming_only: bool = Field(default=True, description="only chunked, read-until-close or SSE responses")
 
 
@@ -297,6 +321,8 @@ def parse_hostport(value: str, *, what: str = "address", default_host: str = "12
     port = int(m.group(2) or m.group(4))
     if not 0 <= port <= 65535:
         raise ConfigError(f"{what} {value!r}: port {port} is out of range", code="config_bad_address")
+    if len(host) > 253 or any(len(label) > 63 for label in host.split(".")) or not host.isprintable():
+        raise ConfigError(f"{what} {value[:80]!r}: {host[:40]!r} is not a host name", code="config_bad_address")
     return host, port
 
 
@@ -352,8 +378,8 @@ class ProxyConfig(_Strict):
     listen: str = "127.0.0.1:0"
     upstream: str
     enabled: bool = True
-    toxics: list[Toxic] = Field(default_factory=list)
-    seed: int = 0
+    toxics: list[Toxic] = Field(default_factory=list, max_length=1000)
+    seed: int = Field(default=0, ge=-(2**63), lt=2**63)
 
     @field_validator("listen", "upstream")
     @classmethod
@@ -375,6 +401,8 @@ class ProxyConfig(_Strict):
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> ProxyConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a proxy must be a mapping, not {type(data).__name__}", code="config_invalid_proxy")
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:

@@ -5,36 +5,50 @@
     POST   /proxies                          create {name, listen, upstream, enabled}
     POST   /populate                         create or replace a list of proxies
     GET    /proxies/{proxy}
-    POST   /proxies/{proxy}                  {"enabled": bool}
+    POST   /proxies/{proxy}                  {"enabled": bool} (PATCH too)
     DELETE /proxies/{proxy}
     GET    /proxies/{proxy}/toxics
     POST   /proxies/{proxy}/toxics           add {name, type, stream, toxicity, attributes}
     GET    /proxies/{proxy}/toxics/{toxic}
-    POST   /proxies/{proxy}/toxics/{toxic}   update (attributes merge)
+    POST   /proxies/{proxy}/toxics/{toxic}   update (attributes merge; PATCH too)
     DELETE /proxies/{proxy}/toxics/{toxic}
     POST   /reset                            enable every proxy, remove every toxic
     GET    /metrics                          Prometheus text format
 
 Errors are ``{"error": message, "status": code, "code": stable_code}`` like toxiproxy's, with
 mmchaos's stable code added.
+
+Like toxiproxy, it refuses what a web page could send: any request from a ``Mozilla/`` user agent
+or with a foreign ``Origin`` (403 ``control_browser_refused``), and request bodies that are not
+JSON by their Content-Type (415 ``control_unsupported_media_type``; a form or ``text/plain`` POST
+needs no CORS preflight). Bodies are strict JSON (no ``NaN``/``Infinity``), at most
+:data:`MAX_JSON_DEPTH` deep, and every value is validated and bounded before it reaches a proxy.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mmchaos.errors import ConfigError, MMChaosError, UnknownNameError
+from mmchaos.net import REMOTE_REFUSED, is_loopback_address, literal_ip, require_loopback, require_loopback_async
 from mmchaos.proxy._http import HttpServer, Request, Response
 from mmchaos.proxy.config import ProxyConfig
 from mmchaos.proxy.proxy import FaultProxy
 
-__all__ = ["ControlServer", "render_metrics"]
+__all__ = ["MAX_JSON_DEPTH", "ControlServer", "render_metrics"]
+
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a control request body may have (toxiproxy's need 3)."""
+
+_UPDATE_METHODS = ("POST", "PATCH")  # toxiproxy takes both for updates
 
 
 class _ProxyCollector:
@@ -82,20 +96,85 @@ def render_metrics(proxies: Iterable[FaultProxy]) -> bytes:
     return generate_latest(registry)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:30]} overflows a double")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                break
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _body(req: Request) -> Any:
+    """The request body as strict JSON ({} when empty); a ConfigError ``control_bad_json`` otherwise."""
+    if not req.body.strip():
+        return {}
     try:
-        return req.json() if req.body.strip() else {}
+        value = json.loads(req.body.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ConfigError(f"request body nests deeper than {MAX_JSON_DEPTH}", code="control_bad_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"request body is not JSON: {exc}", code="control_bad_json") from None
+        first = str(exc).splitlines()[0][:200]
+        raise ConfigError(f"request body is not JSON: {first}", code="control_bad_json") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ConfigError(f"request body nests deeper than {MAX_JSON_DEPTH}", code="control_bad_json")
+    return value
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _browser_refusal(req: Request) -> Response | None:
+    """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415)."""
+    if req.headers.get("user-agent", "").startswith("Mozilla/"):
+        return Response.error(403, "requests from browsers are refused", "control_browser_refused")
+    origin = req.headers.get("origin")
+    if origin is not None:
+        host = urlsplit(origin).hostname or ""
+        if not (host == "localhost" or (literal_ip(host) and is_loopback_address(host))):
+            return Response.error(403, f"requests from origin {origin[:100]!r} are refused", "control_browser_refused")
+    if req.body.strip() and not _is_json(req.headers.get("content-type", "")):
+        return Response.error(
+            415, "request bodies must be JSON (Content-Type: application/json)", "control_unsupported_media_type"
+        )
+    return None
 
 
 class ControlServer(HttpServer):
     """Serves the control API over ``proxies``; proxies created through it are stopped with it."""
 
-    def __init__(self, proxies: Iterable[FaultProxy] = (), *, listen: str = "127.0.0.1:8474") -> None:
+    def __init__(
+        self, proxies: Iterable[FaultProxy] = (), *, listen: str = "127.0.0.1:8474", allow_remote: bool = False
+    ) -> None:
         super().__init__(self._handle, listen=listen, max_body=1 << 20)
+        self.allow_remote = allow_remote
+        host = self._listen[0]
+        if not allow_remote and literal_ip(host):  # host names in start()
+            require_loopback(host, what="control")
         self.proxies: dict[str, FaultProxy] = {p.name: p for p in proxies}
         self._owned: set[str] = set()
+
+    async def start(self) -> None:
+        if not self.allow_remote:
+            await require_loopback_async(self._listen[0], what="control")
+        await super().start()
 
     async def stop(self) -> None:
         await super().stop()
@@ -104,12 +183,15 @@ class ControlServer(HttpServer):
         self._owned.clear()
 
     async def _handle(self, req: Request) -> Response:
+        refusal = _browser_refusal(req)
+        if refusal is not None:
+            return refusal
         try:
             return await self._route(req)
         except UnknownNameError as exc:
             return Response.error(400 if exc.code == "unknown_toxic" else 404, exc.message, exc.code)
         except ConfigError as exc:
-            status = 409 if exc.code in ("toxic_exists", "proxy_exists") else 400
+            status = 409 if exc.code in ("toxic_exists", "proxy_exists") else 403 if exc.code == REMOTE_REFUSED else 400
             return Response.error(status, exc.message, exc.code)
         except MMChaosError as exc:
             return Response.error(400, exc.message, exc.code)
@@ -141,11 +223,15 @@ class ControlServer(HttpServer):
             if not isinstance(body, list):
                 raise ConfigError("populate takes a list of proxies", code="config_invalid_proxy")
             configs = [ProxyConfig.parse(p) for p in body]
+            names = [c.name for c in configs]
+            if len(set(names)) != len(names):
+                raise ConfigError("populate names a proxy twice", code="config_invalid_proxy")
+            proxies = [self._new(config) for config in configs]  # every refusal before any change
             created = []
-            for config in configs:
-                if config.name in self.proxies:
-                    await self._delete(config.name)
-                created.append(await self._create(config))
+            for proxy in proxies:
+                if proxy.name in self.proxies:
+                    await self._delete(proxy.name)
+                created.append(await self._start(proxy))
             return Response.json({"proxies": [p.to_json() for p in created]}, 201)
         parts = [unquote(p) for p in path.split("/") if p]
         if not parts or parts[0] != "proxies" or len(parts) > 4 or (len(parts) >= 3 and parts[2] != "toxics"):
@@ -162,13 +248,13 @@ class ControlServer(HttpServer):
                 config = ProxyConfig.parse(body)
                 if config.name in self.proxies:
                     raise ConfigError(f"proxy {config.name!r} already exists", code="proxy_exists")
-                return Response.json((await self._create(config)).to_json(), 201)
+                return Response.json((await self._start(self._new(config))).to_json(), 201)
             return Response.error(405, f"{method} not allowed on /proxies", "control_method")
         proxy = self._proxy(name)
         if len(parts) == 2:
             if method == "GET":
                 return Response.json(proxy.to_json())
-            if method == "POST":
+            if method in _UPDATE_METHODS:
                 body = _body(req)
                 if not isinstance(body, dict) or set(body) - {"enabled", "name", "listen", "upstream"}:
                     raise ConfigError("a proxy update takes 'enabled'", code="config_invalid_proxy")
@@ -197,7 +283,7 @@ class ControlServer(HttpServer):
             return Response.error(405, f"{method} not allowed here", "control_method")
         if method == "GET":
             return Response.json(proxy.get_toxic(toxic_name).model_dump(mode="json"))
-        if method == "POST":
+        if method in _UPDATE_METHODS:
             body = _body(req)
             if not isinstance(body, dict):
                 raise ConfigError("a toxic update must be a JSON object", code="config_invalid_toxic")
@@ -207,11 +293,13 @@ class ControlServer(HttpServer):
             return Response(204, content_type=None)
         return Response.error(405, f"{method} not allowed here", "control_method")
 
-    async def _create(self, config: ProxyConfig) -> FaultProxy:
-        proxy = FaultProxy.from_config(config)
+    def _new(self, config: ProxyConfig) -> FaultProxy:
+        return FaultProxy.from_config(config, allow_remote=self.allow_remote)
+
+    async def _start(self, proxy: FaultProxy) -> FaultProxy:
         await proxy.start()
-        self.proxies[config.name] = proxy
-        self._owned.add(config.name)
+        self.proxies[proxy.name] = proxy
+        self._owned.add(proxy.name)
         return proxy
 
     async def _delete(self, name: str) -> None:

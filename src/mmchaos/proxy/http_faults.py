@@ -200,9 +200,10 @@ class _Framer:
                     raise NotHttp("head too large")
                 return None
             raw = bytes(buf[: i + 4])
+            head = parse_head(raw)  # before the bytes leave the buffer: on NotHttp they pass through
             del buf[: i + 4]
             self.state = _WAIT
-            return HeadEv(parse_head(raw))
+            return HeadEv(head)
         if st == _DONE:
             self.state = _HEAD
             return _END
@@ -388,8 +389,15 @@ class HttpSession:
         try:
             while not self.passthrough:
                 ev = self.req.next()
-                if ev is None or self._on_request(ev):
+                if ev is None:
                     return
+                try:
+                    if self._on_request(ev):
+                        return
+                except NotHttp:
+                    if isinstance(ev, HeadEv):
+                        self.host.forward_request(ev.head.raw)  # the head read but not forwarded
+                    raise
         except NotHttp as exc:
             self._give_up(f"request: {exc}")
 
@@ -405,7 +413,7 @@ class HttpSession:
         # end of a request
         self._req_ex = None
         if ex is not None and ex.local_response is not None and not ex.sent:
-            if self.pending:
+            if self.pending or self._resp_ex is not None:
                 self.pending.append(ex)  # answered in turn, after the responses before it
             else:
                 self._send_local(ex)
@@ -439,7 +447,7 @@ class HttpSession:
             ex.local_response = render_status(status, keep_alive=keep, head_only=method == b"HEAD")
             ex.close_after = not keep
             self.host.count_fault(status)
-            if expects_continue and not self.pending:
+            if expects_continue and not self.pending and self._resp_ex is None:
                 self._send_local(ex)  # the client waits for 100 before its body: answer now, then close
         else:
             self.pending.append(ex)
@@ -474,7 +482,12 @@ class HttpSession:
                 ev = self.resp.next()
                 if ev is None:
                     return
-                self._on_response(ev)
+                try:
+                    self._on_response(ev)
+                except NotHttp:
+                    if isinstance(ev, HeadEv):
+                        self.host.forward_response(ev.head.raw)  # the head read but not forwarded
+                    raise
         except NotHttp as exc:
             self._give_up(f"response: {exc}")
 

@@ -6,11 +6,9 @@
     with ProxyThread("127.0.0.1:8000") as proxy:                        # from sync code
         proxy.add_toxic(...)
 
-With no toxic on a direction, the data path is a plain pump: each chunk the kernel hands over
-(up to 256 KiB) is written to the other socket in the same callback, with flow control by
-pausing the reader, and ``TCP_NODELAY`` on both sockets. Toxics switch a direction onto a queue
-worked by one task per direction, which runs each chunk through the toxics in the order they
-were added. Toxics added, changed or removed at run time take effect on live connections at once.
+The connection machinery (the plain pump, the per-direction toxic queues, the HTTP sessions)
+lives in :mod:`mmchaos.proxy.connection`; this module owns the listener, the toxics and the
+counters. Toxics added, changed or removed at run time take effect on live connections at once.
 
 Determinism: the toxicity draw of (connection n, toxic) and the random stream a toxic uses on a
 connection (jitter, slice sizes, flipped bytes) derive from ``seed``, the connection's accept
@@ -21,28 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import random
-import socket
-import struct
-from collections import deque
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from mmchaos.errors import ConfigError, UnknownNameError
+from mmchaos.net import literal_ip, require_loopback, require_loopback_async
 from mmchaos.proxy.config import HTTP_TOXIC_TYPES, ProxyConfig, Toxic, merge_toxic, parse_hostport, parse_toxic
-from mmchaos.proxy.http_faults import CloseItem, HttpSession, StallItem, looks_like_request
-from mmchaos.proxy.toxics import Chunk, ToxicStub, make_stub
+from mmchaos.proxy.connection import Connection
 
 __all__ = ["FaultProxy", "ProxyStats"]
-
-log = logging.getLogger(__name__)
-
-_HIGH_WATER = 1 << 20  # bytes queued in a slow direction before its source stops being read
-_LOW_WATER = 1 << 18
-_EOF = object()
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -67,387 +53,15 @@ class ProxyStats:
         }
 
 
-class _Side(asyncio.Protocol):
-    """One socket of a proxied connection."""
-
-    def __init__(self, conn: _Connection, *, client: bool) -> None:
-        self.conn = conn
-        self.client = client
-        self.transport: asyncio.Transport | None = None
-        self.write_paused = False
-        self.lost = False
-        self._drain: list[asyncio.Future[None]] = []
-
-    @property
-    def reads_into(self) -> _Direction:
-        return self.conn.up if self.client else self.conn.down
-
-    @property
-    def writes_from(self) -> _Direction:
-        return self.conn.down if self.client else self.conn.up
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.client:
-            self.conn.client_made()
-
-    def data_received(self, data: bytes) -> None:
-        self.reads_into.feed(data)
-
-    def eof_received(self) -> bool:
-        self.reads_into.feed_eof()
-        return True  # keep the write half open: the other direction may still be sending
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self._wake()
-        self.conn.side_lost(self, exc)
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-        self.writes_from.pause_source("writer", True)
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self.writes_from.pause_source("writer", False)
-        self._wake()
-
-    def _wake(self) -> None:
-        for fut in self._drain:
-            if not fut.done():
-                fut.set_result(None)
-        self._drain.clear()
-
-    async def drain(self) -> None:
-        if self.write_paused and not self.lost:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._drain.append(fut)
-            await fut
-
-
-class _Direction:
-    """Data flowing one way: ``upstream`` (client to server) or ``downstream`` (server to client)."""
-
-    def __init__(self, conn: _Connection, name: str) -> None:
-        self.conn = conn
-        self.name = name
-        self.src: _Side | None = None
-        self.dst: _Side | None = None
-        self.chain: tuple[ToxicStub, ...] = ()
-        self.queue: deque[Any] = deque()
-        self.queued = 0
-        self.task: asyncio.Task[None] | None = None
-        self.received = 0
-        self.sent = 0
-        self.done = False
-        self.eof_seen = False
-        self._pauses: set[str] = set()
-
-    # flow control of the source
-
-    def pause_source(self, reason: str, on: bool) -> None:
-        before = bool(self._pauses)
-        if on:
-            self._pauses.add(reason)
-        else:
-            self._pauses.discard(reason)
-        after = bool(self._pauses)
-        src = self.src
-        if before != after and src is not None and src.transport is not None and not src.lost:
-            with contextlib.suppress(RuntimeError):
-                if after:
-                    src.transport.pause_reading()
-                else:
-                    src.transport.resume_reading()
-
-    # input
-
-    def feed(self, data: bytes) -> None:
-        self.received += len(data)
-        conn = self.conn
-        http = conn.http
-        if http is None and conn.proxy._http_toxics and self.name == "upstream" and looks_like_request(data):
-            http = conn.start_http()
-        if http is None:
-            self.emit(data)
-        elif self.name == "upstream":
-            http.feed_request(data)
-        else:
-            http.feed_response(data)
-
-    def feed_eof(self) -> None:
-        if self.eof_seen:
-            return
-        self.eof_seen = True
-        http = self.conn.http
-        if http is not None and self.name == "downstream":
-            http.feed_response_eof()
-        self.emit_item(_EOF)
-
-    # output
-
-    def emit(self, data: bytes) -> None:
-        if not data:
-            return
-        dst = self.dst
-        if not self.chain and self.task is None and dst is not None:
-            if dst.transport is not None and not dst.lost and not self.conn.closed:
-                dst.transport.write(data)
-                self.sent += len(data)
-            return
-        self.emit_item(Chunk(data, asyncio.get_running_loop().time()))
-
-    def emit_item(self, item: Any) -> None:
-        if self.conn.closed or self.done:
-            return
-        if item is _EOF and not self.chain and self.task is None and self.dst is not None:
-            self._finish()
-            return
-        self.queue.append(item)
-        if isinstance(item, Chunk):
-            self.queued += len(item.data)
-            if self.queued > _HIGH_WATER:
-                self.pause_source("queue", True)
-        if self.task is None and self.dst is not None:  # before the upstream is connected, data waits
-            self.task = asyncio.get_running_loop().create_task(self._pump())
-
-    def connected(self, dst: _Side) -> None:
-        self.dst = dst
-        if self.queue and self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._pump())
-
-    async def _pump(self) -> None:
-        try:
-            while self.queue and not self.conn.closed:
-                item = self.queue.popleft()
-                if isinstance(item, Chunk):
-                    self.queued -= len(item.data)
-                    if self.queued < _LOW_WATER:
-                        self.pause_source("queue", False)
-                    await self._through(self.chain, 0, item)
-                elif item is _EOF:
-                    for stub in self.chain:
-                        if not stub.stopped:
-                            await stub.on_eof()
-                    self._finish()
-                elif isinstance(item, StallItem):
-                    await self.conn.proxy.wait_removed(item.toxic, item.seconds)
-                elif isinstance(item, CloseItem):
-                    self.conn.close(reset=item.reset, reason=item.reason)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a toxic failing must not leave the connection hanging
-            log.exception("proxy %s: %s pump failed", self.conn.proxy.name, self.name)
-            self.conn.close(reset=True, reason="internal_error")
-        finally:
-            self.task = None
-
-    async def _through(self, chain: tuple[ToxicStub, ...], i: int, chunk: Chunk) -> None:
-        if self.conn.closed:
-            return
-        while i < len(chain) and chain[i].stopped:
-            i += 1
-        if i == len(chain):
-            dst = self.dst
-            if dst is None or dst.transport is None or dst.lost:
-                return
-            dst.transport.write(chunk.data)
-            self.sent += len(chunk.data)
-            await dst.drain()
-            return
-        await chain[i].process(chunk, lambda c: self._through(chain, i + 1, c))
-
-    def _finish(self) -> None:
-        """The source closed and everything before the close went out: half-close the destination."""
-        self.done = True
-        dst = self.dst
-        if dst is not None and dst.transport is not None and not dst.lost and not dst.transport.is_closing():
-            with contextlib.suppress(OSError, RuntimeError):
-                if dst.transport.can_write_eof():
-                    dst.transport.write_eof()
-        self.conn.direction_done()
-
-
-class _Connection:
-    """A client connection and its upstream connection, with the stubs of the toxics that hold it."""
-
-    def __init__(self, proxy: FaultProxy, index: int) -> None:
-        self.proxy = proxy
-        self.index = index
-        self.client = _Side(self, client=True)
-        self.server: _Side | None = None
-        self.up = _Direction(self, "upstream")
-        self.down = _Direction(self, "downstream")
-        self.up.src = self.down.dst = self.client
-        self.closed = False
-        self.stubs: dict[str, ToxicStub] = {}
-        self.http: HttpSession | None = None
-        self._draws: dict[str, float] = {}
-        self._open_task: asyncio.Task[None] | None = None
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    # lifecycle
-
-    def client_made(self) -> None:
-        self.up.pause_source("connecting", True)
-        self.proxy._connections.add(self)
-        self._open_task = asyncio.get_running_loop().create_task(self._open())
-
-    async def _open(self) -> None:
-        proxy = self.proxy
-        self.refresh()
-        if self.closed:
-            return
-        if proxy._http_toxics:
-            self.http = HttpSession(self)
-        host, port = proxy._upstream
-        loop = asyncio.get_running_loop()
-        server = _Side(self, client=False)
-        try:
-            async with asyncio.timeout(proxy.connect_timeout):
-                transport, _ = await loop.create_connection(lambda: server, host, port)
-        except (OSError, TimeoutError) as exc:
-            proxy.stats.upstream_errors += 1
-            log.info("proxy %s: upstream %s:%s unreachable: %s", proxy.name, host, port, exc)
-            self.close(reason="upstream_unreachable")
-            return
-        if self.closed:
-            transport.abort()
-            return
-        self.server = self.down.src = server
-        self.up.connected(server)
-        self.up.pause_source("connecting", False)
-
-    def side_lost(self, side: _Side, exc: Exception | None) -> None:
-        if self.closed:
-            self._check_finished()
-            return
-        if isinstance(exc, ConnectionResetError):
-            self.close(reset=True, reason="peer_reset")  # pass a reset on as a reset
-            return
-        side.writes_from.done = True  # nothing more can be written to it
-        side.writes_from.queue.clear()
-        side.reads_into.feed_eof()
-        self.direction_done()
-
-    def direction_done(self) -> None:
-        if self.up.done and self.down.done:
-            self.close(reason="closed")
-
-    def close(self, *, reset: bool = False, reason: str = "") -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for stub in self.stubs.values():
-            stub.stop()
-        for task in (self.up.task, self.down.task, self._open_task):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-        for side in (self.client, self.server):
-            if side is None or side.transport is None or side.lost:
-                continue
-            if reset:
-                sock = side.transport.get_extra_info("socket")
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                side.transport.abort()
-            else:
-                side.transport.close()
-        self.proxy._connection_closed(self)
-        self._check_finished()
-
-    def _check_finished(self) -> None:
-        sides = [s for s in (self.client, self.server) if s is not None and s.transport is not None]
-        if self.closed and all(s.lost for s in sides) and not self.finished.done():
-            self.finished.set_result(None)
-
-    # toxics
-
-    def drawn(self, toxic: Toxic, key: str) -> bool:
-        u = self._draws.get(key)
-        if u is None:
-            u = self._draws[key] = random.Random(f"{self.proxy.seed}:{self.index}:{key}:toxicity").random()
-        return u < toxic.toxicity
-
-    def refresh(self) -> None:
-        """Bring the stubs in line with the proxy's toxics (at accept and on every change)."""
-        if self.closed:
-            return
-        proxy = self.proxy
-        current: dict[str, ToxicStub] = {}
-        started: list[ToxicStub] = []
-        for toxic in proxy._tcp_toxics:
-            if not self.drawn(toxic, toxic.name):
-                continue
-            stub = self.stubs.get(toxic.name)
-            if stub is None or stub.toxic is not toxic:
-                rng = random.Random(f"{proxy.seed}:{self.index}:{toxic.name}")
-                stub = make_stub(toxic, self, rng)
-                started.append(stub)
-                proxy._count_fault(toxic)
-            current[toxic.name] = stub
-        for name, stub in self.stubs.items():
-            if current.get(name) is not stub:
-                stub.stop()
-        self.stubs = current
-        self.up.chain = tuple(s for s in current.values() if s.in_path and s.toxic.stream == "upstream")
-        self.down.chain = tuple(s for s in current.values() if s.in_path and s.toxic.stream == "downstream")
-        for stub in started:
-            if not self.closed:
-                stub.start()
-
-    # the HttpHost interface of HttpSession
-
-    def start_http(self) -> HttpSession:
-        self.http = HttpSession(self)
-        return self.http
-
-    def forward_request(self, data: bytes) -> None:
-        self.up.emit(data)
-
-    def forward_response(self, data: bytes) -> None:
-        self.down.emit(data)
-
-    def response_control(self, item: StallItem | CloseItem) -> None:
-        self.down.emit_item(item)
-
-    def http_toxics(self) -> Sequence[Toxic]:
-        return self.proxy._http_toxics
-
-    def toxic_live(self, toxic: Toxic) -> bool:
-        return self.proxy._toxics.get(toxic.name) is toxic
-
-    def draw(self, toxic: Toxic, request_index: int) -> bool:
-        if toxic.toxicity >= 1.0:
-            return True
-        key = f"{toxic.name}:{request_index}"
-        return self.drawn(toxic, key)
-
-    def request_rng(self, toxic: Toxic, request_index: int) -> random.Random:
-        return random.Random(f"{self.proxy.seed}:{self.index}:{toxic.name}:{request_index}")
-
-    def count_fault(self, toxic: Toxic) -> None:
-        self.proxy._count_fault(toxic)
-
-    def detach_http(self, rest: bytes) -> None:
-        self.http = None
-        self.up.emit(rest)
-
-    def wait_removed(self, toxic: Toxic, seconds: float | None) -> Awaitable[None]:
-        return self.proxy.wait_removed(toxic, seconds)
-
-
 class FaultProxy:
     """One listening address forwarding to one upstream, with toxics switchable at run time.
 
     Create it anywhere; it binds in :meth:`start` (or ``async with``). Every method but ``start``,
     ``stop`` and ``set_enabled`` is synchronous and must run on the proxy's event loop; from
     other threads use :class:`ProxyThread`.
+
+    The listen and upstream addresses must be loopback (:mod:`mmchaos.net`'s one rule, error code
+    ``remote_not_allowed``) unless ``allow_remote``.
     """
 
     def __init__(
@@ -460,6 +74,7 @@ class FaultProxy:
         enabled: bool = True,
         seed: int = 0,
         connect_timeout: float = 5.0,
+        allow_remote: bool = False,
     ) -> None:
         config = ProxyConfig.parse(
             {"name": name, "listen": listen, "upstream": upstream, "enabled": enabled, "seed": seed}
@@ -468,8 +83,13 @@ class FaultProxy:
         self.seed = config.seed
         self.connect_timeout = connect_timeout
         self._listen = parse_hostport(config.listen, what="listen")
-        self._upstream = parse_hostport(config.upstream, what="upstream")
+        self.upstream_address = parse_hostport(config.upstream, what="upstream")
         self._upstream_text = config.upstream
+        self.allow_remote = allow_remote
+        if not allow_remote:  # literal addresses now, in the caller; host names in start()
+            for what, (host, _) in (("listen", self._listen), ("upstream", self.upstream_address)):
+                if literal_ip(host):
+                    require_loopback(host, what=what)
         self._enabled = config.enabled
         self._toxics: dict[str, Toxic] = {}
         for toxic in toxics:
@@ -477,11 +97,11 @@ class FaultProxy:
             if parsed.name in self._toxics:
                 raise ConfigError(f"proxy {self.name}: two toxics named {parsed.name!r}", code="config_invalid")
             self._toxics[parsed.name] = parsed
-        self._tcp_toxics: tuple[Toxic, ...] = ()
-        self._http_toxics: tuple[Toxic, ...] = ()
+        self.tcp_toxics: tuple[Toxic, ...] = ()
+        self.http_toxics: tuple[Toxic, ...] = ()
         self._index_toxics()
         self.stats = ProxyStats()
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._bound: tuple[str, int] | None = None
         self._next_index = 0
@@ -505,6 +125,9 @@ class FaultProxy:
     async def start(self) -> FaultProxy:
         if self._running:
             return self
+        if not self.allow_remote:
+            await require_loopback_async(self._listen[0], what="listen")
+            await require_loopback_async(self.upstream_address[0], what="upstream")
         self._running = True
         if self._enabled:
             try:
@@ -569,13 +192,24 @@ class FaultProxy:
             await asyncio.wait(tasks, timeout=1.0)
 
     def _accept(self) -> asyncio.Protocol:
-        conn = _Connection(self, self._next_index)
+        conn = Connection(self, self._next_index)
         self._next_index += 1
         self.stats.connections_total += 1
         self.stats.connections_active += 1
         return conn.client
 
-    def _connection_closed(self, conn: _Connection) -> None:
+    # the ProxyHost interface of Connection
+
+    def connection_opened(self, conn: Connection) -> None:
+        self._connections.add(conn)
+
+    def count_upstream_error(self) -> None:
+        self.stats.upstream_errors += 1
+
+    def toxic_live(self, toxic: Toxic) -> bool:
+        return self._toxics.get(toxic.name) is toxic
+
+    def connection_closed(self, conn: Connection) -> None:
         if conn in self._connections:
             self._connections.discard(conn)
         self.stats.connections_active -= 1
@@ -680,8 +314,8 @@ class FaultProxy:
         await self.set_enabled(True)
 
     def _index_toxics(self) -> None:
-        self._tcp_toxics = tuple(t for t in self._toxics.values() if t.type not in HTTP_TOXIC_TYPES)
-        self._http_toxics = tuple(t for t in self._toxics.values() if t.type in HTTP_TOXIC_TYPES)
+        self.tcp_toxics = tuple(t for t in self._toxics.values() if t.type not in HTTP_TOXIC_TYPES)
+        self.http_toxics = tuple(t for t in self._toxics.values() if t.type in HTTP_TOXIC_TYPES)
 
     def _changed(self) -> None:
         self._index_toxics()
@@ -715,7 +349,7 @@ class FaultProxy:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(entry)
 
-    def _count_fault(self, toxic: Toxic) -> None:
+    def count_fault(self, toxic: Toxic) -> None:
         key = (toxic.name, toxic.type)
         self.stats.faults[key] = self.stats.faults.get(key, 0) + 1
 

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from mmchaos.net import require_loopback
 from mmchaos.proxy.config import ProxyConfig, Toxic, parse_hostport, parse_toxic
 from mmchaos.proxy.control import ControlServer
 from mmchaos.proxy.proxy import FaultProxy, ProxyStats
@@ -25,7 +26,8 @@ class ProxyThread:
     """A :class:`FaultProxy` (and optionally its control API) on an event loop in a daemon thread.
 
     ``with ProxyThread("127.0.0.1:8000") as proxy:`` starts it and stops it on exit; every method
-    is thread-safe and returns once the change is in effect.
+    is thread-safe and returns once the change is in effect. Listen, upstream and control
+    addresses must be loopback unless ``allow_remote``.
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class ProxyThread:
         enabled: bool = True,
         seed: int = 0,
         control: str | None = None,
+        allow_remote: bool = False,
     ) -> None:
         self._args: dict[str, Any] = {
             "upstream": upstream,
@@ -51,8 +54,13 @@ class ProxyThread:
         ProxyConfig.parse({k: v for k, v in self._args.items() if k != "toxics"})
         for toxic in self._args["toxics"]:
             parse_toxic(toxic)
-        if control is not None:
-            parse_hostport(control, what="control")
+        control_address = parse_hostport(control, what="control") if control is not None else None
+        if not allow_remote:  # here, so a refusal raises in the caller
+            require_loopback(parse_hostport(listen, what="listen")[0], what="listen")
+            require_loopback(parse_hostport(upstream, what="upstream")[0], what="upstream")
+            if control_address is not None:
+                require_loopback(control_address[0], what="control")
+        self._allow_remote = allow_remote
         self._control_listen = control
         self._proxy: FaultProxy | None = None
         self._control: Any = None
@@ -99,12 +107,12 @@ class ProxyThread:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        proxy = FaultProxy(**self._args)
+        proxy = FaultProxy(**self._args, allow_remote=self._allow_remote)
         await proxy.start()
         self._proxy = proxy
         try:
             if self._control_listen is not None:
-                self._control = ControlServer([proxy], listen=self._control_listen)
+                self._control = ControlServer([proxy], listen=self._control_listen, allow_remote=self._allow_remote)
                 await self._control.start()
             self._ready.set()
             await self._stop.wait()
