@@ -109,7 +109,7 @@ class Deployment:
             if parts.scheme != "http":
                 raise ConfigError("the fault proxy speaks plain HTTP only; point the target at an http:// URL")
             upstream = parts.netloc
-            proxy = ProxyThread(upstream, seed=self.seed, name="serving")
+            proxy = ProxyThread(upstream, seed=self.seed, name="serving", allow_remote=not self.loopback_only)
             proxy.start()
             self.proxy = proxy
             host, port = proxy.address
