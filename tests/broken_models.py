@@ -23,7 +23,26 @@ __all__ = [
     "set_tokenizer_limit",
 ]
 
-_WORDS = "a photo of red green blue circle square triangle cross on the at top left right small large".split()
+_WORDS = [
+    "a",
+    "photo",
+    "of",
+    "red",
+    "green",
+    "blue",
+    "circle",
+    "square",
+    "triangle",
+    "cross",
+    "on",
+    "the",
+    "at",
+    "top",
+    "left",
+    "right",
+    "small",
+    "large",
+]
 
 
 def set_tokenizer_limit(model_dir: Path, limit: int) -> Path:
@@ -95,7 +114,8 @@ def build_altclip(out: Path, *, tokenizer_limit: int = 32, positions: int = 34) 
 
 def build_siglip2(out: Path) -> Path:
     """A random tiny SigLIP 2 (NaFlex): its processor returns patches, a patch mask and the grid
-    shapes, and the vision tower needs all three."""
+    shapes, and the vision tower needs all three. Patch size and budget are the processor class's
+    defaults (16 px, 256 patches), which it passes on every call."""
     import torch
 
     transformers = _quiet()
@@ -105,13 +125,13 @@ def build_siglip2(out: Path) -> Path:
             "num_attention_heads": 2, "max_position_embeddings": 16, "pad_token_id": tok.pad_token_id,
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}  # fmt: skip
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "patch_size": 8, "num_patches": 16}  # fmt: skip
+              "patch_size": 16, "num_patches": 256}  # fmt: skip
     torch.manual_seed(0)
     transformers.Siglip2Model(transformers.Siglip2Config(text_config=text, vision_config=vision)).save_pretrained(
         str(out)
     )
     cls = getattr(transformers, "Siglip2ImageProcessorPil", None) or transformers.Siglip2ImageProcessor
-    cls(patch_size=8, max_num_patches=16).save_pretrained(str(out))
+    cls(patch_size=16, max_num_patches=256).save_pretrained(str(out))
     return out
 
 
@@ -125,7 +145,9 @@ def build_blip_retrieval(out: Path) -> Path:
     text = {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
             "num_attention_heads": 2, "max_position_embeddings": 32, "encoder_hidden_size": 32,
             "bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2, "sep_token_id": 2}  # fmt: skip
-    cfg = transformers.BlipConfig(text_config=text, vision_config=_vision(), projection_dim=16, image_text_hidden_size=16)
+    cfg = transformers.BlipConfig(
+        text_config=text, vision_config=_vision(), projection_dim=16, image_text_hidden_size=16
+    )
     torch.manual_seed(0)
     transformers.BlipForImageTextRetrieval(cfg).save_pretrained(str(out))
     _word_tokenizer(out, 32)

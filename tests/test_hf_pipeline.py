@@ -12,18 +12,18 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mmchaos.checks.base import CheckContext  # noqa: E402
-from mmchaos.checks.engine.context_boundary import ContextBoundary  # noqa: E402
-from mmchaos.checks.engine.precision import Precision, PrecisionParams  # noqa: E402
-from mmchaos.checks.integration.fingerprint_match import FingerprintMatch  # noqa: E402
-from mmchaos.data.shapes import make_shapes  # noqa: E402
-from mmchaos.errors import TargetCallError, TargetLoadError  # noqa: E402
-from mmchaos.findings import Finding, Verdict  # noqa: E402
-from mmchaos.runner import TimedTarget  # noqa: E402
-from mmchaos.targets import TargetOptions, load_target  # noqa: E402
-from mmchaos.targets.hf import HFContrastiveTarget  # noqa: E402
-from tests import broken_models as bm  # noqa: E402
-from tests import broken_targets as bt  # noqa: E402
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.engine.context_boundary import ContextBoundary
+from mmchaos.checks.engine.precision import Precision, PrecisionParams
+from mmchaos.checks.integration.fingerprint_match import FingerprintMatch
+from mmchaos.data.shapes import make_shapes
+from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.findings import Finding, Verdict
+from mmchaos.runner import TimedTarget
+from mmchaos.targets import TargetOptions, load_target
+from mmchaos.targets.hf import HFContrastiveTarget
+from tests import broken_models as bm
+from tests import broken_targets as bt
 
 DATA = make_shapes(24, seed=2)
 
