@@ -126,7 +126,10 @@ def test_context_boundary_finds_eos_lost_in_truncation(model_dir: Path) -> None:
 
 def test_batch_invariance_padding_side_and_heterogeneous_sizes(model_dir: Path) -> None:
     params = BatchInvarianceParams(samples=6, batch_sizes=[1, 3], compositions=2)
-    good = {f.evidence["modality"]: f for f in _run(BatchInvariance(params), bt.tiny_clip())}
+    target = bt.tiny_clip()
+    shipped = target.tokenizer
+    good = {f.evidence["modality"]: f for f in _run(BatchInvariance(params), target)}
+    assert target.tokenizer is shipped and shipped.padding_side == "right", "the other side is tried on a copy"
     assert {k: f.verdict for k, f in good.items()} == {"image": Verdict.PASS, "text": Verdict.PASS}
     assert good["image"].evidence["neighbour_sizes"], "image batches mixed sizes"
     text = good["text"]
