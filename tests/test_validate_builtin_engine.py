@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mmchaos.targets.builtin import TINY_CLIP_DIR  # noqa: E402
+from mmchaos.targets.builtin import TINY_CLIP_DIR
 
 pytestmark = pytest.mark.skipif(not (TINY_CLIP_DIR / "model.safetensors").is_file(), reason="built-in model absent")
 
