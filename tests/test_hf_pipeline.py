@@ -155,9 +155,18 @@ def test_altclip_usable_length_counts_the_roberta_position_offset(tmp_path: Path
 # -- issue 11: no false alarms on a clean model that is merely untrained ------------------------------------
 
 
-def test_clean_random_weight_clip_passes_fingerprint_match_and_precision(clips: dict[str, Path]) -> None:
+def test_clean_random_weight_clip_passes_fingerprint_match(clips: dict[str, Path]) -> None:
     target = HFContrastiveTarget(str(clips["clean"]))
     [f] = _run(FingerprintMatch(), target, make_shapes(96, seed=0))
     assert f.verdict == Verdict.PASS, f.title
-    for finding in _run(Precision(PrecisionParams(samples=32)), target):
-        assert finding.verdict == Verdict.PASS, finding.title
+    assert f.metrics["zero_shot_accuracy"] < 3 * f.metrics["chance"], "near chance, as an untrained model is"
+
+
+def test_clean_random_weight_clip_passes_precision(clips: dict[str, Path]) -> None:
+    findings = _run(Precision(PrecisionParams(samples=24)), HFContrastiveTarget(str(clips["clean"])))
+    assert {f.evidence["dtype"] for f in findings} == {"float16", "bfloat16"}
+    assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.PASS], [f.title for f in findings]
+    bf16 = next(f for f in findings if f.evidence["dtype"] == "bfloat16")
+    # near-ties flip in bf16 (all-sample agreement below the gate), yet no confident decision does
+    assert bf16.metrics["top1_agreement_all"] < 0.98 <= bf16.metrics["top1_agreement"]
+    assert bf16.metrics["flips_explained_by_margin"] >= 1
