@@ -148,6 +148,8 @@ class HFContrastiveTarget(Target):
             **text_kwargs,
         }
         self.image_kwargs: dict[str, Any] = image_kwargs
+        self.text_padding: str | bool = self.text_kwargs["padding"]
+        """The padding texts get (what an ONNX export records for its own tokenizer calls)."""
         self.call_settings: dict[str, Any] = {
             "text": _plain(self.text_kwargs),
             "images": _plain(self.image_kwargs),

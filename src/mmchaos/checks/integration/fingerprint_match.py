@@ -256,7 +256,10 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
         if facts:
             lines.append("static consistency checked")
         metrics: dict[str, float] = {}
-        if p.probe:
+        unfit = getattr(target, "processor_unfit", None)
+        if p.probe and unfit:
+            lines.append("zero-shot probe not run: the processor does not fit the model")
+        elif p.probe:
             try:
                 probe = self._probe(ctx, p.samples)
             except Exception as exc:  # a processor or tokenizer the weights cannot take fails right here
