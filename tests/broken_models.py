@@ -114,15 +114,15 @@ def build_altclip(out: Path, *, tokenizer_limit: int = 32, positions: int = 34) 
 
 def build_siglip2(out: Path) -> Path:
     """A random tiny SigLIP 2 (NaFlex): its processor returns patches, a patch mask and the grid
-    shapes, and the vision tower needs all three. Patch size and budget are the processor class's
-    defaults (16 px, 256 patches), which it passes on every call."""
+    shapes, and the vision tower needs all three. Patch size, patch budget and text length are the
+    processor class's defaults (16 px, 256 patches, 64 tokens), which it passes on every call."""
     import torch
 
     transformers = _quiet()
     out.mkdir(parents=True, exist_ok=True)
-    tok = _word_tokenizer(out, 16)
+    tok = _word_tokenizer(out, 64)
     text = {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "max_position_embeddings": 16, "pad_token_id": tok.pad_token_id,
+            "num_attention_heads": 2, "max_position_embeddings": 64, "pad_token_id": tok.pad_token_id,
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}  # fmt: skip
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
               "patch_size": 16, "num_patches": 256}  # fmt: skip

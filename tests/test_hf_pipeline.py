@@ -134,6 +134,10 @@ def test_siglip2_gets_everything_its_processor_returns(tmp_path: Path) -> None:
     assert img.shape[0] == 3 and np.isfinite(img).all()
     alone = target.embed_images(images[:1])[0]
     np.testing.assert_allclose(alone, img[0], rtol=1e-4, atol=1e-5)
+    assert target.call_settings["images"] == {"max_num_patches": 256, "patch_size": 16}  # the processor's own
+    assert target.text_limits() == {"tokenizer": 64, "processor": 64, "model": 64}
+    txt = target.embed_texts(["a red circle", "a photo of the blue square"])
+    assert txt.shape == (2, img.shape[1]) and np.isfinite(txt).all()
 
 
 def test_altclip_usable_length_counts_the_roberta_position_offset(tmp_path: Path) -> None:
