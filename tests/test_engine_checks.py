@@ -141,3 +141,18 @@ def test_batch_invariance_padding_side_and_heterogeneous_sizes(model_dir: Path) 
     side = bad["text_padding_side"]
     assert side.verdict == Verdict.FAIL and "padding on the left changes outputs" in side.title
     assert "padding_side='right' would keep it invariant" in side.title
+
+
+def test_precision_gates_flips_of_confident_decisions_not_near_ties() -> None:
+    import numpy as np
+
+    prompts = np.eye(3, dtype=np.float32)
+    ref = {"image": np.array([[1.0, 0.0, 0.0], [0.5, 0.499, 0.0]], np.float32), "prompts": prompts}
+    tie_flips = {"image": np.array([[1.0, 0.0, 0.0], [0.499, 0.5, 0.0]], np.float32), "prompts": prompts}
+    m = Precision._decisions(ref, tie_flips, [0, 0], min_margin=0.01)
+    assert m["top1_agreement_all"] == 0.5 and m["confident_samples"] == 1 and m["top1_agreement"] == 1.0
+    assert m["flips_explained_by_margin"] == 1
+    confident_flips = {"image": np.array([[0.0, 1.0, 0.0], [0.5, 0.499, 0.0]], np.float32), "prompts": prompts}
+    m = Precision._decisions(ref, confident_flips, [0, 0], min_margin=0.01)
+    assert m["top1_agreement"] == 0.0 and m["metric_drop"] == 1.0
+    assert m["logit_deviation_max"] == pytest.approx(1.0)
