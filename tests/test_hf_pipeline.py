@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,10 @@ DATA = make_shapes(24, seed=2)
 
 def _run(check: Any, target: Any, data: Any = DATA) -> list[Finding]:
     ctx = CheckContext(target=TimedTarget(target), dataset=data, seed=0, check_id=check.name)
-    return list(check.run(ctx))
+    findings = list(check.run(ctx))
+    for f in findings:  # strict JSON: no NaN or Infinity anywhere in what results.json will hold
+        json.dumps(f.to_dict(), allow_nan=False)
+    return findings
 
 
 def _part(findings: list[Finding], part: str) -> Finding:

@@ -305,25 +305,30 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
                 evidence=evidence,
             )
         n = bad[0]
+        metrics = {"limit": float(limit)}
         if rows[n]["outcome"] == "error":
             title = f"a text of {n} tokens (limit {limit}) is refused: {rows[n]['error']}"
-            effective = float("nan")
+            message = f"the {n}-token text {rows[n]['text'][-60:]!r} is refused within the limit"
+            found: dict[str, Any] = {"effective_limit": None, "effective_limit_reason": "refused within the limit"}
         else:
-            effective = float(self._effective_limit(ctx.target, texts, limit, g))
+            effective = self._effective_limit(ctx.target, texts, limit, g)
             title = (
-                f"silently truncates early: output stops changing after {effective:.0f} tokens, "
-                f"{limit - effective:.0f} before the model's limit of {limit}"
+                f"silently truncates early: output stops changing after {effective} tokens, "
+                f"{limit - effective} before the model's limit of {limit}"
             )
+            message = f"the last word of the {n}-token text {rows[n]['text'][-60:]!r} does not change the output"
+            metrics["effective_limit"] = float(effective)
+            found = {"effective_limit": effective}
         return self.finding(
             ctx,
             Verdict.FAIL,
             title,
             severity=Severity.HIGH,
-            metrics={"limit": float(limit), "effective_limit": effective},
+            metrics=metrics,
             gate="within the limit every token changes the output",
-            message=f"the last word of the {n}-token text {rows[n]['text'][-60:]!r} does not change the output",
+            message=message,
             suggestion="make the serving tokenizer's max_length equal the model's max_position_embeddings",
-            evidence={**evidence, "effective_limit": effective},
+            evidence={**evidence, **found},
             artifacts=artifacts,
         )
 
