@@ -112,17 +112,18 @@ def build_altclip(out: Path, *, tokenizer_limit: int = 32, positions: int = 34) 
     return out
 
 
-def build_siglip2(out: Path) -> Path:
+def build_siglip2(out: Path, *, positions: int = 64) -> Path:
     """A random tiny SigLIP 2 (NaFlex): its processor returns patches, a patch mask and the grid
     shapes, and the vision tower needs all three. Patch size, patch budget and text length are the
-    processor class's defaults (16 px, 256 patches, 64 tokens), which it passes on every call."""
+    processor class's defaults (16 px, 256 patches, 64 tokens), which it passes on every call;
+    ``positions`` below 64 is the packaging bug of a text tower shorter than the processor pads to."""
     import torch
 
     transformers = _quiet()
     out.mkdir(parents=True, exist_ok=True)
-    tok = _word_tokenizer(out, 64)
+    tok = _word_tokenizer(out, positions)
     text = {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "max_position_embeddings": 64, "pad_token_id": tok.pad_token_id,
+            "num_attention_heads": 2, "max_position_embeddings": positions, "pad_token_id": tok.pad_token_id,
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}  # fmt: skip
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
               "patch_size": 16, "num_patches": 256}  # fmt: skip

@@ -144,6 +144,16 @@ def test_siglip2_gets_everything_its_processor_returns(tmp_path: Path) -> None:
     assert txt.shape == (2, img.shape[1]) and np.isfinite(txt).all()
 
 
+def test_processor_padding_past_the_models_positions_fails_the_stage_check(tmp_path: Path) -> None:
+    target = HFContrastiveTarget(str(bm.build_siglip2(tmp_path / "short", positions=16)))
+    assert target.text_limits() == {"tokenizer": 16, "processor": 64, "model": 16}
+    with pytest.raises(TargetCallError, match="padded to 64 tokens"):
+        target.embed_texts(["a red circle"])
+    stages = _part(_run(ContextBoundary(), target), "stages")
+    assert stages.verdict == Verdict.FAIL and "processor lets through 64 tokens" in stages.title
+    assert "16 positions" in stages.title
+
+
 def test_altclip_usable_length_counts_the_roberta_position_offset(tmp_path: Path) -> None:
     # 34 position embeddings, pad id 1: positions run 2..33, so 32 tokens fit and 33 would crash
     ok = HFContrastiveTarget(str(bm.build_altclip(tmp_path / "alt", tokenizer_limit=32)))

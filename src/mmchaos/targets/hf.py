@@ -343,6 +343,13 @@ class HFContrastiveTarget(Target):
         mask = enc.get("attention_mask")
         lengths = mask.sum(dim=-1) if mask is not None else self.torch.full((ids.shape[0],), ids.shape[-1])
         i = int(lengths.argmax())
+        if int(lengths[i]) <= limit:  # the real tokens fit: the padding does not
+            raise TargetCallError(
+                f"texts are padded to {int(ids.shape[-1])} tokens (padding={self.text_kwargs.get('padding')!r}, "
+                f"max_length={self.text_kwargs.get('max_length')}), but the model has {limit} usable positions: "
+                "as shipped, the model fails on every text",
+                code="text_exceeds_model_positions",
+            )
         tok = self.text_limits()["tokenizer"]
         allowed = f"allows {tok}" if tok is not None else "sets no limit"
         raise TargetCallError(

@@ -129,7 +129,7 @@ class _Texts:
         if len(singles) < 2:
             singles = self._singles(list("abcdefghijklmnop"))
         if len(singles) < 2:
-            raise ValueError("no two single-token words to build texts from")
+            raise ValueError("the tokenizer has no two single-token words (of distinct ids) to build texts from")
         self.words = singles
         self.specials = self.count("") if self.exact else 2
 
@@ -213,7 +213,17 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             )
             return
         words = [w for s in ctx.dataset.head(64) for w in (s.caption or s.text or "").split()] + _FALLBACK_WORDS
-        texts = _Texts(inner, words)
+        try:
+            texts = _Texts(inner, words)
+        except ValueError as exc:
+            yield self.finding(
+                ctx,
+                Verdict.SKIPPED,
+                f"texts of exact token counts cannot be built: {exc}",
+                message="every word of the data and the fallback list is several tokens or the unknown token",
+                evidence={"part": "within", "stages": stages},
+            )
+            return
         rows: dict[int, dict[str, Any]] = {}
         for n in (limit - 1, limit, limit + 1, 2 * limit):
             a = texts.text(n)
