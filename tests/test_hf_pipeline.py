@@ -92,6 +92,24 @@ def test_context_boundary_warns_on_truncation_at_the_models_own_limit(clips: dic
     assert "32" in _part(findings, "beyond").title
 
 
+def test_truncation_saved_in_tokenizer_json_is_the_tokenizers_limit(tmp_path: Path) -> None:
+    """The tokenizer's saved truncation settings (tokenizer.json) are part of what ships."""
+    from mmchaos.targets.builtin import TINY_CLIP_DIR
+
+    if not (TINY_CLIP_DIR / "tokenizer.json").is_file():
+        pytest.skip("built-in model absent")
+    path = bt.copy_model(tmp_path / "model", src=TINY_CLIP_DIR)
+    data = json.loads((path / "tokenizer.json").read_text())
+    if not data.get("truncation"):
+        pytest.skip("this model's tokenizer.json saves no truncation settings")
+    data["truncation"]["max_length"] = 8
+    (path / "tokenizer.json").write_text(json.dumps(data))
+    target = HFContrastiveTarget(str(path))
+    assert target.text_limits()["tokenizer"] == 8 and target.text_limits()["processor"] is None
+    stages = _part(_run(ContextBoundary(), target), "stages")
+    assert stages.verdict == Verdict.FAIL and "the tokenizer truncates at 8 tokens" in stages.title
+
+
 def test_text_over_the_models_positions_is_a_typed_refusal_not_a_crash(clips: dict[str, Path]) -> None:
     target = HFContrastiveTarget(str(clips["long"]))
     with pytest.raises(TargetCallError) as err:

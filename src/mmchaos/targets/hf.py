@@ -153,7 +153,11 @@ class HFContrastiveTarget(Target):
         self.call_settings: dict[str, Any] = {
             "text": _plain(self.text_kwargs),
             "images": _plain(self.image_kwargs),
-            "from_processor": {"text": sorted(text_kwargs), "images": sorted(image_kwargs)},
+            "from_processor": {
+                "text": sorted(k for k, src in self._text_sources.items() if src == "processor"),
+                "images": sorted(image_kwargs),
+            },
+            "from_tokenizer": sorted(k for k, src in self._text_sources.items() if src == "tokenizer"),
             "added_by_mmchaos": sorted({"padding", "truncation"} - set(text_kwargs)),
         }
         self.max_text_tokens = usable_positions(self.model)
@@ -223,13 +227,12 @@ class HFContrastiveTarget(Target):
             return None
         return processor if hasattr(processor, "_merge_kwargs") else None
 
-    def _processor_settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The text and image call settings the processor would apply (its class defaults)."""
-        if self.processor is None:
-            return {}, {}
+    def _merged(self, tokenizer_init: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+        """The per-modality call settings the processor would pass (transformers' own merge)."""
+        drop = {"return_tensors"}
         try:
             merged = self.processor._merge_kwargs(
-                self.processor.valid_processor_kwargs, tokenizer_init_kwargs=getattr(self.tokenizer, "init_kwargs", {})
+                self.processor.valid_processor_kwargs, tokenizer_init_kwargs=tokenizer_init
             )
         except Exception:  # an older or custom processor: its declared defaults, if any
             log.debug("cannot merge the processor's kwargs", exc_info=True)
@@ -237,10 +240,22 @@ class HFContrastiveTarget(Target):
                 "text_kwargs": dict(getattr(self.processor, "text_kwargs", {}) or {}),
                 "images_kwargs": dict(getattr(self.processor, "images_kwargs", {}) or {}),
             }
-        drop = {"return_tensors"}
-        text = {k: v for k, v in dict(merged.get("text_kwargs", {})).items() if v is not None and k not in drop}
-        images = {k: v for k, v in dict(merged.get("images_kwargs", {})).items() if v is not None and k not in drop}
-        return text, images
+        return {
+            modality: {k: v for k, v in dict(merged.get(modality, {})).items() if v is not None and k not in drop}
+            for modality in ("text_kwargs", "images_kwargs")
+        }
+
+    def _processor_settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The text and image call settings the processor would apply; records which text settings
+        are the processor class's own and which the saved tokenizer's (``tokenizer.json``)."""
+        self._text_sources: dict[str, str] = {}
+        if self.processor is None:
+            return {}, {}
+        merged = self._merged(getattr(self.tokenizer, "init_kwargs", None) or {})
+        own = self._merged(None)["text_kwargs"]
+        for k, v in merged["text_kwargs"].items():
+            self._text_sources[k] = "processor" if k in own and own[k] == v else "tokenizer"
+        return merged["text_kwargs"], merged["images_kwargs"]
 
     def _processor_fit(self) -> str | None:
         config = self.model.config
@@ -265,15 +280,16 @@ class HFContrastiveTarget(Target):
     def text_limits(self) -> dict[str, int | None]:
         """The text length limit of each stage as shipped (None: the stage sets no limit).
 
-        ``tokenizer``: its ``model_max_length`` when it truncates; ``processor``: the
-        ``max_length`` the processor class passes (it overrides the tokenizer's); ``model``:
-        the text tower's usable positions.
+        ``tokenizer``: the ``max_length`` its saved truncation settings give, else its
+        ``model_max_length``, when it truncates; ``processor``: the ``max_length`` the processor
+        class passes (it overrides the tokenizer's); ``model``: the text tower's usable positions.
         """
-        tok_max = getattr(self.tokenizer, "model_max_length", None)
         truncates = bool(self.text_kwargs.get("truncation"))
+        call_max = self.text_kwargs.get("max_length")
+        source = self._text_sources.get("max_length")
+        tok_max = call_max if source == "tokenizer" else getattr(self.tokenizer, "model_max_length", None)
         tokenizer = int(tok_max) if truncates and isinstance(tok_max, int) and 0 < tok_max < _NO_LIMIT else None
-        proc_max = self.text_kwargs.get("max_length")
-        processor = int(proc_max) if truncates and isinstance(proc_max, int) else None
+        processor = int(call_max) if truncates and source == "processor" and isinstance(call_max, int) else None
         return {"tokenizer": tokenizer, "processor": processor, "model": self.max_text_tokens}
 
     # -- calls ------------------------------------------------------------------------------------
