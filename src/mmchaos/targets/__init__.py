@@ -31,6 +31,8 @@ class TargetOptions:
     """openai: targets: the served model name (default: the one the endpoint lists)."""
     allow_remote: bool = False
     """openai: targets: allow hosts that are not loopback addresses."""
+    allow_missing_weights: bool = False
+    """hf: targets: load a checkpoint that leaves weights newly initialised (refused by default)."""
 
 
 TargetFactory = Callable[..., Target]
@@ -72,6 +74,7 @@ def _hf(rest: str, **options: Any) -> Target:
         trust_remote_code=bool(options.get("trust_remote_code", False)),
         use_safetensors=bool(options.get("use_safetensors", True)),
         device=str(options.get("device", "cpu")),
+        allow_missing_weights=bool(options.get("allow_missing_weights", False)),
     )
 
 

@@ -1,12 +1,21 @@
-"""Step 4: texts at the context limit: max-1, max, max+1 and 2x max tokens.
+"""Step 4: the text context limit of every stage, and texts at it: max-1, max, max+1, 2x max tokens.
 
-For each length, two texts that differ only in their last word are embedded alone. Within the
-limit the last word must change the output; past it the target may reject the text (a typed
-error), warn and truncate, or truncate silently -- the output stops changing and nothing says
-so, which the gate refuses by default. A target whose output stops changing *before* its limit
-truncates early. After truncation the pooled position must still be the end-of-text token: the
-embedding of an over-long text must equal that of its own truncation, and, when the target shows
-its token ids, the last kept token must be EOS.
+First the stages as shipped: the tokenizer's limit, the processor's, the model's usable positions
+(a target that exposes ``text_limits()``). They must agree: a tokenizer that truncates before the
+model's limit drops words in every deployment that loads it; one that lets through more tokens
+than the model has positions crashes it. Both fail, naming both numbers.
+
+Then behaviour, at the model's limit: for each length, two texts that differ only in their last
+word are embedded alone. Within the limit the last word must change the output; past it the target
+may reject the text (a typed error), warn and truncate, or truncate silently. Silent truncation
+exactly at the model's own limit is what every CLIP pipeline does: a warning, not a failure. A
+target whose output stops changing *before* its limit truncates early (a failure). After
+truncation the pooled position must still be the end-of-text token: the embedding of an over-long
+text must equal that of its own truncation, and, when the target shows its token ids, the last
+kept token must be EOS.
+
+Token counts are measured by calling the same tokenizer with ``truncation=False`` per call; the
+shipped tokenizer's settings are never changed.
 """
 
 from __future__ import annotations
@@ -26,7 +35,10 @@ from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["ContextBoundary", "limit_of"]
+__all__ = ["ContextBoundary", "limit_of", "stage_limits"]
+
+_OVERLONG_CODE = "text_exceeds_model_positions"
+"""The code a target raises where its tokenizer let through more tokens than the model has."""
 
 _FALLBACK_WORDS = ("a photo of the red circle on blue square at top left with green cross " * 2).split()[:15]
 
@@ -43,6 +55,17 @@ def limit_of(target: Target) -> int | None:
     return None
 
 
+def stage_limits(target: Target) -> dict[str, int | None] | None:
+    """The text limit of each stage (tokenizer, processor, model), when the target says."""
+    fn = getattr(target, "text_limits", None)
+    if not callable(fn):
+        return None
+    stages = fn()
+    if not isinstance(stages, dict):
+        return None
+    return {str(k): (int(v) if isinstance(v, int) else None) for k, v in stages.items()}
+
+
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -57,6 +80,7 @@ class _Call:
     output: Any = None
     error: str = ""
     typed: bool = False
+    code: str = ""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -74,6 +98,7 @@ def _call(target: Target, text: str) -> _Call:
             except Exception as exc:
                 out.error = f"{type(exc).__name__}: {exc}"[:500]
                 out.typed = isinstance(exc, MMChaosError)
+                out.code = str(getattr(exc, "code", ""))
         out.warnings = [str(w.message)[:300] for w in caught] + handler.records
     finally:
         for lg in loggers:
@@ -100,13 +125,27 @@ class _Texts:
                 self._content_tokens("a")
             except TypeError:  # not a transformers tokenizer: count words instead
                 self.exact = False
-        singles = [w for w in dict.fromkeys(words) if self._content_tokens(w) == 1]
+        singles = self._singles(words)
         if len(singles) < 2:
-            singles = [w for w in "abcdefghijklmnop" if self._content_tokens(w) == 1]
+            singles = self._singles(list("abcdefghijklmnop"))
         if len(singles) < 2:
-            raise ValueError("no two single-token words to build texts from")
+            raise ValueError("the tokenizer has no two single-token words (of distinct ids) to build texts from")
         self.words = singles
         self.specials = self.count("") if self.exact else 2
+
+    def _singles(self, words: list[str]) -> list[str]:
+        """Words that are one token each, of distinct ids, none the unknown token: swapping the
+        last word must change the ids, or a small vocabulary would look like truncation."""
+        if not self.exact:
+            return list(dict.fromkeys(words))
+        assert self.tok is not None
+        unk = getattr(self.tok, "unk_token_id", None)
+        by_id: dict[int, str] = {}
+        for w in dict.fromkeys(words):
+            ids = self.tok(w, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+            if len(ids) == 1 and ids[0] != unk:
+                by_id.setdefault(int(ids[0]), w)
+        return list(by_id.values())
 
     def _content_tokens(self, text: str) -> int:
         if not self.exact:
@@ -139,7 +178,12 @@ class ContextBoundaryGate(Gate):
     allow_silent_truncation: bool = Field(
         default=False, description="pass texts past the limit that are truncated without an error or a warning"
     )
-    min_change: float = Field(default=1e-7, gt=0.0, description="1 - cosine above which two outputs differ")
+    min_change: float = Field(
+        default=1e-10,
+        gt=0.0,
+        description="1 - cosine above which two outputs differ (a truncated pair is bit-identical; a weak "
+        "or untrained model still moves by 1e-8)",
+    )
 
 
 class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
@@ -155,14 +199,31 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         p = self.params
         g = self.gate
         inner = unwrap(ctx.target)
-        limit = p.max_tokens or limit_of(inner)
+        stages = stage_limits(inner)
+        if stages is not None:
+            yield self._stages(ctx, stages)
+        limit = p.max_tokens or (stages or {}).get("model") or limit_of(inner)
         if limit is None:
             yield self.finding(
-                ctx, Verdict.SKIPPED, "the target declares no text context limit", suggestion="set params.max_tokens"
+                ctx,
+                Verdict.SKIPPED,
+                "the target declares no text context limit",
+                suggestion="set params.max_tokens",
+                evidence={"part": "within"},
             )
             return
         words = [w for s in ctx.dataset.head(64) for w in (s.caption or s.text or "").split()] + _FALLBACK_WORDS
-        texts = _Texts(inner, words)
+        try:
+            texts = _Texts(inner, words)
+        except ValueError as exc:
+            yield self.finding(
+                ctx,
+                Verdict.SKIPPED,
+                f"texts of exact token counts cannot be built: {exc}",
+                message="every word of the data and the fallback list is several tokens or the unknown token",
+                evidence={"part": "within", "stages": stages},
+            )
+            return
         rows: dict[int, dict[str, Any]] = {}
         for n in (limit - 1, limit, limit + 1, 2 * limit):
             a = texts.text(n)
@@ -170,7 +231,8 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             ca, cb = _call(ctx.target, a), _call(ctx.target, b)
             row: dict[str, Any] = {"tokens": texts.count(a), "text": a, "variant_last_word": b.rsplit(" ", 1)[-1]}
             if ca.error or cb.error:
-                row.update(outcome="error", error=ca.error or cb.error, typed=ca.typed if ca.error else cb.typed)
+                first = ca if ca.error else cb
+                row.update(outcome="error", error=first.error, typed=first.typed, code=first.code)
             else:
                 d = _distance(ca.output, cb.output)
                 row.update(outcome="changes" if d > g.min_change else "ignored", distance=d)
@@ -178,7 +240,10 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             rows[n] = row
         evidence: dict[str, Any] = {
             "limit": limit,
+            "stages": stages,
             "exact_token_counts": texts.exact,
+            "token_counts": "the same tokenizer called with truncation=False (a per-call setting; the shipped "
+            "tokenizer is unchanged)",
             "lengths": {str(n): {k: v for k, v in r.items() if k != "text"} for n, r in rows.items()},
             "seed": ctx.seed,
         }
@@ -186,11 +251,48 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             Artifact(f"{ctx.check_id}-texts.txt", "\n".join(r["text"] for r in rows.values()).encode(), "text/plain")
         ]
         evidence["input_artifact"] = artifacts[0].name
-        yield self._within(ctx, limit, rows, texts, g, evidence, artifacts)
-        yield self._beyond(ctx, limit, rows, g, evidence)
+        within = self._within(ctx, limit, rows, texts, g, {**evidence, "part": "within"}, artifacts)
+        yield within
+        yield self._beyond(ctx, limit, rows, g, {**evidence, "part": "beyond"}, within.verdict == Verdict.PASS)
         eos = self._eos(ctx, inner, limit, rows, texts, g)
         if eos is not None:
             yield eos
+
+    def _stages(self, ctx: CheckContext, stages: dict[str, int | None]) -> Finding:
+        """Do the tokenizer's, the processor's and the model's limits agree?"""
+        model = stages.get("model")
+        name = "processor" if stages.get("processor") is not None else "tokenizer"
+        pipeline = stages.get(name)
+        shown = ", ".join(f"{k} {'no limit' if v is None else v}" for k, v in stages.items())
+        evidence: dict[str, Any] = {"part": "stages", "stages": stages, "effective": {"pipeline": pipeline}}
+        metrics = {f"{k}_limit": float(v) for k, v in stages.items() if v is not None}
+        gate = "the tokenizer/processor limit equals the model's usable positions"
+        if model is None:
+            return self.finding(
+                ctx, Verdict.PASS, f"stage limits: {shown} (the model declares no position limit)",
+                metrics=metrics, gate=gate, evidence=evidence,
+            )  # fmt: skip
+        if pipeline is not None and pipeline == model:
+            return self.finding(
+                ctx, Verdict.PASS, f"the stages agree at {model} tokens ({shown})",
+                metrics=metrics, gate=gate, evidence=evidence,
+            )  # fmt: skip
+        if pipeline is not None and pipeline < model:
+            title = (
+                f"early truncation: the {name} truncates at {pipeline} tokens, the model has {model} positions "
+                f"(every token after the {pipeline}th is dropped by a deployment that loads this {name})"
+            )
+            suggestion = f"set the {name}'s max length (model_max_length in tokenizer_config.json) to {model}"
+        else:
+            lets = f"lets through {pipeline} tokens" if pipeline is not None else "sets no limit"
+            title = f"the {name} {lets}, the model has {model} positions: longer texts reach the model and crash it"
+            suggestion = (
+                f"set model_max_length to {model} in tokenizer_config.json and truncate (or reject) longer texts"
+            )
+        return self.finding(
+            ctx, Verdict.FAIL, title, severity=Severity.HIGH, metrics=metrics, gate=gate,
+            message=f"stage limits: {shown}", suggestion=suggestion, evidence=evidence,
+        )  # fmt: skip
 
     def _within(
         self,
@@ -213,25 +315,30 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
                 evidence=evidence,
             )
         n = bad[0]
+        metrics = {"limit": float(limit)}
         if rows[n]["outcome"] == "error":
             title = f"a text of {n} tokens (limit {limit}) is refused: {rows[n]['error']}"
-            effective = float("nan")
+            message = f"the {n}-token text {rows[n]['text'][-60:]!r} is refused within the limit"
+            found: dict[str, Any] = {"effective_limit": None, "effective_limit_reason": "refused within the limit"}
         else:
-            effective = float(self._effective_limit(ctx.target, texts, limit, g))
+            effective = self._effective_limit(ctx.target, texts, limit, g)
             title = (
-                f"silently truncates early: output stops changing after {effective:.0f} tokens, "
-                f"{limit - effective:.0f} before the model's limit of {limit}"
+                f"silently truncates early: output stops changing after {effective} tokens, "
+                f"{limit - effective} before the model's limit of {limit}"
             )
+            message = f"the last word of the {n}-token text {rows[n]['text'][-60:]!r} does not change the output"
+            metrics["effective_limit"] = float(effective)
+            found = {"effective_limit": effective}
         return self.finding(
             ctx,
             Verdict.FAIL,
             title,
             severity=Severity.HIGH,
-            metrics={"limit": float(limit), "effective_limit": effective},
+            metrics=metrics,
             gate="within the limit every token changes the output",
-            message=f"the last word of the {n}-token text {rows[n]['text'][-60:]!r} does not change the output",
+            message=message,
             suggestion="make the serving tokenizer's max_length equal the model's max_position_embeddings",
-            evidence={**evidence, "effective_limit": effective},
+            evidence={**evidence, **found},
             artifacts=artifacts,
         )
 
@@ -254,18 +361,24 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         rows: dict[int, dict[str, Any]],
         g: ContextBoundaryGate,
         evidence: dict[str, Any],
+        within_ok: bool,
     ) -> Finding:
         outcomes = {n: rows[n] for n in (limit + 1, 2 * limit)}
         gate = "past the limit: a typed error, or truncation with a warning" + (
             " (silent truncation allowed)" if g.allow_silent_truncation else ""
         )
-        crashed = {n: r for n, r in outcomes.items() if r["outcome"] == "error" and not r["typed"]}
+        crashed = {
+            n: r
+            for n, r in outcomes.items()
+            if r["outcome"] == "error" and (not r["typed"] or r.get("code") == _OVERLONG_CODE)
+        }
         if crashed:
             n, r = next(iter(crashed.items()))
+            how = "crashes the model as shipped" if r.get("code") == _OVERLONG_CODE else "raises an untyped error"
             return self.finding(
                 ctx,
                 Verdict.FAIL,
-                f"a text of {n} tokens (limit {limit}) raises an untyped error: {r['error'][:120]}",
+                f"a text of {n} tokens (limit {limit}) {how}: {r['error'][:160]}",
                 severity=Severity.HIGH,
                 metrics={"limit": float(limit)},
                 gate=gate,
@@ -273,6 +386,21 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
                 evidence=evidence,
             )
         silent = [n for n, r in outcomes.items() if r["outcome"] == "ignored" and not r["warnings"]]
+        if silent and not g.allow_silent_truncation and within_ok:
+            return self.finding(
+                ctx,
+                Verdict.WARN,
+                f"texts of {', '.join(map(str, silent))} tokens are truncated at the model's own limit of {limit} "
+                "tokens, with no error and no warning",
+                severity=Severity.LOW,
+                metrics={"limit": float(limit), "silently_truncated_lengths": float(len(silent))},
+                gate=gate,
+                message="standard CLIP-pipeline behaviour: words past the limit do not change the output and the "
+                "caller is not told (gates only under --strict)",
+                suggestion="reject texts over the limit with a typed error (Preflight max_text_tokens), or return/"
+                "log a truncation flag; chunk long texts if they matter",
+                evidence=evidence,
+            )
         if silent and not g.allow_silent_truncation:
             return self.finding(
                 ctx,
@@ -295,11 +423,11 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
                 return "read in full"
             return "truncated with a warning" if r["warnings"] else "silently truncated (allowed by the gate)"
 
-        how = {n: describe(r) for n, r in outcomes.items()}
+        described = {n: describe(r) for n, r in outcomes.items()}
         return self.finding(
             ctx,
             Verdict.PASS,
-            "past the limit: " + ", ".join(f"{n} tokens {h}" for n, h in how.items()),
+            "past the limit: " + ", ".join(f"{n} tokens {h}" for n, h in described.items()),
             metrics={"limit": float(limit)},
             gate=gate,
             evidence=evidence,
@@ -323,7 +451,12 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         if cl.error or cc.error:
             return None
         distance = _distance(cl.output, cc.output)
-        evidence: dict[str, Any] = {"limit": limit, "long_tokens": texts.count(long_text), "distance": distance}
+        evidence: dict[str, Any] = {
+            "part": "eos",
+            "limit": limit,
+            "long_tokens": texts.count(long_text),
+            "distance": distance,
+        }
         detail = ""
         tokenize = getattr(inner, "tokenize", None)
         tok = getattr(inner, "tokenizer", None)

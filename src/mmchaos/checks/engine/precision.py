@@ -2,8 +2,10 @@
 
 The target's torch module is cast in place to each low precision (the original fp32 tensors are
 kept and put back bit for bit afterwards), and the target's own ``embed_*`` methods run again on
-the same inputs. Reported per dtype: cosine drift, top-1 agreement of zero-shot decisions (or
-nearest-neighbour decisions without labels), the task metric's change, and -- when an output is
+the same inputs. Reported per dtype: cosine drift, the logit deviation next to the fp32 decision
+margins, top-1 agreement of zero-shot decisions (or nearest-neighbour decisions without labels)
+and the task metric's change over the confident samples (a near-tie flips on rounding noise in
+any precision: an untrained model is not a precision bug), and -- when an output is
 NaN/Inf -- the first module, by qualified name, whose output stopped being finite, and the input
 that makes it so (found with forward hooks).
 """
@@ -118,8 +120,21 @@ class PrecisionGate(Gate):
         default_factory=lambda: {"float16": 0.999, "bfloat16": 0.99},
         description="per dtype: the smallest cosine(fp32, low precision) of any embedding",
     )
-    min_top1_agreement: float = Field(default=0.98, ge=0.0, le=1.0)
-    max_metric_drop: float = Field(default=0.02, ge=0.0, description="task metric (fp32 - low precision), absolute")
+    min_top1_agreement: float = Field(
+        default=0.98,
+        ge=0.0,
+        le=1.0,
+        description="top-1 agreement over the confident samples (see min_confident_margin)",
+    )
+    max_metric_drop: float = Field(
+        default=0.02, ge=0.0, description="task metric (fp32 - low precision) over the confident samples, absolute"
+    )
+    min_confident_margin: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="fp32 margin (best - second-best cosine) from which a decision counts as confident; near-ties "
+        "of an untrained or off-domain model flip on rounding noise in any precision and are not gated",
+    )
 
 
 class Precision(Check[PrecisionParams, PrecisionGate]):
@@ -222,7 +237,7 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
             i = int(cos.argmin())
             if cos[i] < worst[0]:
                 worst = (float(cos[i]), kind, i)
-        decisions = self._decisions(ref, low, labels)
+        decisions = self._decisions(ref, low, labels, g.min_confident_margin)
         metrics.update(decisions)
         min_cos = g.min_cosine.get(name, 0.99)
         failures: list[str] = []
@@ -253,7 +268,8 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
             failures.append(f"min cosine {worst[0]:.5f} < {min_cos:g} ({worst[1]} #{worst[2]})")
         agree = decisions.get("top1_agreement")
         if agree is not None and agree < g.min_top1_agreement:
-            failures.append(f"top-1 agreement {agree:.3f} < {g.min_top1_agreement:g}")
+            n = int(decisions["confident_samples"])
+            failures.append(f"top-1 agreement {agree:.3f} < {g.min_top1_agreement:g} over {n} confident samples")
         drop = decisions.get("metric_drop")
         if drop is not None and drop > g.max_metric_drop:
             failures.append(f"zero-shot accuracy drop {drop:.3f} > {g.max_metric_drop:g}")
@@ -261,8 +277,9 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
         if worst[1] == "text" and 0 <= worst[2] < len(texts):
             evidence["worst"]["input"] = texts[worst[2]]
         gate = (
-            f"finite outputs, min cosine >= {min_cos:g}, top-1 agreement >= {g.min_top1_agreement:g}, "
-            f"metric drop <= {g.max_metric_drop:g}"
+            f"finite outputs, min cosine >= {min_cos:g}; over samples with fp32 margin >= "
+            f"{g.min_confident_margin:g}: top-1 agreement >= {g.min_top1_agreement:g}, metric drop <= "
+            f"{g.max_metric_drop:g}"
         )
         if failures:
             return self.finding(
@@ -284,42 +301,73 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
             ctx,
             Verdict.PASS,
             f"{name}: min cosine {worst[0]:.5f} to fp32"
-            + (f", top-1 agreement {agree:.3f}" if agree is not None else ""),
+            + (
+                f", top-1 agreement {agree:.3f} over {int(decisions['confident_samples'])} confident samples"
+                if agree is not None
+                else f", no confident decisions to compare (median fp32 margin {decisions['margin_median']:.2g}; "
+                f"max logit deviation {decisions['logit_deviation_max']:.2g})"
+            ),
             metrics=metrics,
             gate=gate,
             evidence=evidence,
         )
 
     @staticmethod
-    def _decisions(ref: dict[str, np.ndarray], low: dict[str, np.ndarray], labels: list[int]) -> dict[str, float]:
+    def _decisions(
+        ref: dict[str, np.ndarray], low: dict[str, np.ndarray], labels: list[int], min_margin: float
+    ) -> dict[str, float]:
+        """Decision agreement judged against each decision's fp32 margin.
+
+        A near-tie (an untrained or off-domain model) flips on rounding noise in any precision, so
+        top-1 agreement and the metric change are gated over *confident* samples only: those whose
+        fp32 margin (best minus second-best cosine) is at least ``min_margin``. The logit
+        deviation itself is reported next to the margins.
+        """
+
         def clean(x: np.ndarray) -> np.ndarray:
-            return l2_normalise(np.where(np.isfinite(x), x, 0.0).astype(np.float32))
+            return l2_normalise(np.where(np.isfinite(x), x, 0.0).astype(np.float64))
 
-        def top1(images: np.ndarray, prompts: np.ndarray) -> np.ndarray:
-            pred = (clean(images) @ clean(prompts).T).argmax(axis=1)
-            broken = ~np.isfinite(images).all(axis=1)
-            if not np.isfinite(prompts).all():
+        def scores(queries: np.ndarray, keys: np.ndarray, exclude_self: bool) -> np.ndarray:
+            sims = clean(queries) @ clean(keys).T
+            if exclude_self:
+                sims = sims - 4.0 * np.eye(len(sims))
+            broken = ~np.isfinite(queries).all(axis=1)
+            if not np.isfinite(keys).all():
                 broken[:] = True
-            return np.where(broken, -1, pred)  # a NaN embedding decides nothing
+            return np.where(broken[:, None], np.nan, sims)  # a NaN embedding decides nothing
 
-        out: dict[str, float] = {}
         if "image" in ref and "prompts" in ref:
-            p_ref = top1(ref["image"], ref["prompts"])
-            p_low = top1(low["image"], low["prompts"])
-            out["top1_agreement"] = float((p_ref == p_low).mean())
-            if labels:
-                truth = np.asarray(labels)
-                acc_ref, acc_low = float((p_ref == truth).mean()), float((p_low == truth).mean())
-                out.update({"accuracy_fp32": acc_ref, "accuracy_low": acc_low, "metric_drop": acc_ref - acc_low})
+            pair, exclude = ("image", "prompts"), False
         elif "image" in ref and "text" in ref and len(ref["image"]) == len(ref["text"]):
-            r_ref = (clean(ref["text"]) @ clean(ref["image"]).T).argmax(axis=1)
-            r_low = (clean(low["text"]) @ clean(low["image"]).T).argmax(axis=1)
-            out["top1_agreement"] = float((r_ref == r_low).mean())
+            pair, exclude = ("text", "image"), False
         else:
             kind = next(iter(ref))
-            nn_ref = (clean(ref[kind]) @ clean(ref[kind]).T - 2 * np.eye(len(ref[kind]))).argmax(axis=1)
-            nn_low = (clean(low[kind]) @ clean(low[kind]).T - 2 * np.eye(len(low[kind]))).argmax(axis=1)
-            out["top1_agreement"] = float((nn_ref == nn_low).mean())
+            pair, exclude = (kind, kind), True
+        s_ref = scores(ref[pair[0]], ref[pair[1]], exclude)
+        s_low = scores(low[pair[0]], low[pair[1]], exclude)
+        p_ref = np.nan_to_num(s_ref, nan=-np.inf).argmax(axis=1)
+        p_low = np.where(np.isnan(s_low).any(axis=1), -1, np.nan_to_num(s_low, nan=-np.inf).argmax(axis=1))
+        top2 = np.sort(np.nan_to_num(s_ref, nan=-np.inf), axis=1)[:, -2:] if s_ref.shape[1] > 1 else None
+        margin = (top2[:, 1] - top2[:, 0]) if top2 is not None else np.full(len(s_ref), np.inf)
+        deviation = np.nanmax(np.abs(np.where(np.isnan(s_low), np.inf, s_low - s_ref)), axis=1)
+        confident = margin >= min_margin
+        agree = p_ref == p_low
+        out: dict[str, float] = {
+            "top1_agreement_all": float(agree.mean()),
+            "confident_samples": float(confident.sum()),
+            "margin_median": float(np.median(margin[np.isfinite(margin)])) if np.isfinite(margin).any() else 0.0,
+            "logit_deviation_max": float(deviation[np.isfinite(deviation)].max())
+            if np.isfinite(deviation).any()
+            else 0.0,
+            "flips_explained_by_margin": float(((~agree) & (2 * deviation >= margin)).sum()),
+        }
+        if confident.any():
+            out["top1_agreement"] = float(agree[confident].mean())
+        if labels and pair == ("image", "prompts") and confident.any():
+            truth = np.asarray(labels)[confident]
+            acc_ref = float((p_ref[confident] == truth).mean())
+            acc_low = float((p_low[confident] == truth).mean())
+            out.update({"accuracy_fp32": acc_ref, "accuracy_low": acc_low, "metric_drop": acc_ref - acc_low})
         return out
 
     @staticmethod
