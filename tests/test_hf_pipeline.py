@@ -129,6 +129,26 @@ def test_processor_that_does_not_fit_the_model_is_named_not_a_bare_value_error(
     assert "48x48" in str(err.value) and "32x32" in str(err.value)
 
 
+def test_checks_on_an_unfit_processor_say_not_run_and_fingerprint_match_fails(
+    clips: dict[str, Path], tmp_path: Path
+) -> None:
+    from mmchaos.runner import RunConfig, run_suite
+    from mmchaos.store import RunStore
+    from mmchaos.suites import SuiteSpec
+
+    path = bt.mismatched_dir("processor_size", tmp_path / "size", src=clips["clean"])
+    suite = SuiteSpec.model_validate(
+        {"name": "unfit", "checks": [{"check": "batch_invariance"}, {"check": "fingerprint_match"}]}
+    )
+    with RunStore(tmp_path / "runs.db") as store:
+        result = run_suite(RunConfig(target=f"hf:{path}", suite=suite), store)
+    image_findings = [f for f in result.findings if f.check == "batch_invariance"]
+    assert image_findings and all(f.verdict != Verdict.ERROR for f in image_findings)
+    skipped = [f for f in image_findings if f.verdict == Verdict.SKIPPED]
+    assert skipped and skipped[0].title.startswith("not run: the processor does not fit the model")
+    assert any(f.check == "fingerprint_match" and f.verdict == Verdict.FAIL for f in result.findings)
+
+
 # -- issue 11: families and loads ---------------------------------------------------------------------
 
 

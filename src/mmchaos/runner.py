@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
+NOT_RUN_CODES = frozenset({"processor_unfit"})
+"""Error codes that mean "this check cannot run on the pipeline as shipped", not "the target broke"."""
+
 
 @dataclass
 class RunConfig:
@@ -221,6 +224,12 @@ def _run_one(
         findings.extend(check.run(ctx))
     except Exception as exc:
         log.debug("check %s raised", check_id, exc_info=True)
+        if getattr(exc, "code", None) in NOT_RUN_CODES:
+            # The target cannot serve this check as shipped (fingerprint_match reports why as a
+            # failure); the other checks say "not run" with the reason instead of an error.
+            why = str(exc)[:1000]
+            findings.append(Finding(check_id, check.step, Verdict.SKIPPED, why[:300], message=why))
+            return findings, timed, time.perf_counter() - start
         findings.append(
             Finding(
                 check_id,

@@ -33,6 +33,10 @@ def validate_command(
     allow_pickle: Annotated[
         bool, typer.Option("--allow-pickle-weights", help="let hf: targets load non-safetensors weights")
     ] = False,
+    allow_missing_weights: Annotated[
+        bool,
+        typer.Option("--allow-missing-weights", help="let hf: targets load with weights left newly initialised"),
+    ] = False,
     model: Annotated[str | None, typer.Option("--model", help="openai: targets: the served model name")] = None,
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
@@ -59,6 +63,7 @@ def validate_command(
             options=TargetOptions(
                 trust_remote_code=trust_remote_code,
                 use_safetensors=not allow_pickle,
+                allow_missing_weights=allow_missing_weights,
                 model=model,
                 allow_remote=allow_remote,
             ),
