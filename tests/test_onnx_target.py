@@ -145,3 +145,23 @@ def test_export_command(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureF
     with pytest.raises(ConfigError):
         app(["export", "py:tests.broken_targets:tiny_clip", str(out)], standalone_mode=False)
     assert callable(cli_main)
+
+
+def test_onnx_target_tokenizes_as_shipped_and_context_boundary_sees_early_truncation(
+    exported: Path, tmp_path: Path
+) -> None:
+    """Issue 14: the tokenizer's own limit applies (no override with the model's positions)."""
+    from mmchaos.checks.engine.context_boundary import ContextBoundary
+
+    early = tmp_path / "early"
+    shutil.copytree(exported, early)
+    cfg_path = early / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_max_length"] = 8
+    cfg_path.write_text(json.dumps(cfg))
+    target = load_target(f"onnx:{early}")
+    ids = target.tokenize(["a photo of a small red circle at the top left on a white background"])["input_ids"]  # type: ignore[attr-defined]
+    assert ids.shape[-1] == 8
+    assert target.text_limits()["tokenizer"] == 8  # type: ignore[attr-defined]
+    stages = [f for f in _run(ContextBoundary(), target) if f.evidence.get("part") == "stages"]
+    assert stages and stages[0].verdict == Verdict.FAIL and "8" in stages[0].title

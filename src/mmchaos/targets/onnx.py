@@ -120,11 +120,29 @@ class OnnxTarget(Target):
                 raise TargetCallError(
                     f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="text_invalid"
                 ) from exc
-        kwargs: dict[str, Any] = {"padding": self.text_padding, "truncation": True, "return_tensors": "np"}
-        if self.max_text_tokens:
-            kwargs["max_length"] = self.max_text_tokens
-        enc = self.tokenizer(list(texts), **kwargs)
-        return {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask") if k in enc}
+        # The tokenizer truncates at its own limit, as a deployment that loads it would; a text
+        # that still has more tokens than the graph has positions is a typed refusal.
+        enc = self.tokenizer(list(texts), padding=self.text_padding, truncation=True, return_tensors="np")
+        out = {k: np.asarray(enc[k], dtype=np.int64) for k in ("input_ids", "attention_mask") if k in enc}
+        limit = self.max_text_tokens
+        if limit and out["input_ids"].shape[-1] > limit:
+            mask = out.get("attention_mask", np.ones_like(out["input_ids"]))
+            lengths = mask.sum(axis=-1)
+            i = int(np.argmax(lengths))
+            tok = self.text_limits()["tokenizer"]
+            allowed = f"allows {tok}" if tok is not None else "sets no limit"
+            raise TargetCallError(
+                f"text {i} has {int(lengths[i])} tokens after the tokenizer (which {allowed}), but the model has "
+                f"{limit} positions: as shipped, the model fails on it",
+                code="text_exceeds_model_positions",
+            )
+        return out
+
+    def text_limits(self) -> dict[str, int | None]:
+        """The text length limit of each stage as shipped (None: the stage sets no limit)."""
+        tok_max = getattr(self.tokenizer, "model_max_length", None)
+        tokenizer = int(tok_max) if isinstance(tok_max, int) and 0 < tok_max < 1_000_000 else None
+        return {"tokenizer": tokenizer, "processor": None, "model": self.max_text_tokens}
 
     # -- capabilities -------------------------------------------------------------------------
 
