@@ -31,6 +31,7 @@ def _failures(findings: list[Finding]) -> dict[str, Finding]:
     return {f.evidence["case"]: f for f in findings if f.verdict == Verdict.FAIL}
 
 
+@pytest.mark.integration
 def test_a_validating_target_passes_the_whole_corpus() -> None:
     findings = _run(bt.ContractSafeTarget())
     assert not _failures(findings), [f.title for f in findings if f.verdict != Verdict.PASS]
@@ -44,6 +45,7 @@ def test_a_validating_target_passes_the_whole_corpus() -> None:
     assert passed["int32_png_50000x50000"].startswith("rejected: TargetCallError[element_count_int32_overflow]")
 
 
+@pytest.mark.integration
 def test_a_processor_that_ignores_exif_fails_every_rotated_photo() -> None:
     failures = _failures(_run(bt.ExifIgnoringTarget(), cases=["exif", "mode_L", "zero_byte"]))
     assert sorted(failures) == [f"exif_orientation_{o}" for o in range(2, 9)]
@@ -62,6 +64,7 @@ def _base() -> Any:
     return _base_sample(CheckContext(target=bt.ContractSafeTarget(), dataset=DATA, seed=0, check_id="x"))
 
 
+@pytest.mark.integration
 def test_a_hang_is_killed_and_the_worker_replaced() -> None:
     findings = _run(bt.HangOnTinyTarget(), cases=["size_1x1", "size_2x10000", "mode_L", "zero_byte"], timeout_s=3.0)
     failures = _failures(findings)
@@ -71,6 +74,7 @@ def test_a_hang_is_killed_and_the_worker_replaced() -> None:
     assert summary.metrics["worker_replacements"] >= 1 and summary.metrics["n_passed"] == 3
 
 
+@pytest.mark.integration
 def test_a_segfault_is_a_crash_and_the_run_goes_on() -> None:
     findings = _run(bt.SegfaultOnCMYKTarget(), cases=["mode_CMYK_*", "mode_RGBA", "exif_orientation_3"])
     failures = _failures(findings)
@@ -82,6 +86,7 @@ def test_a_segfault_is_a_crash_and_the_run_goes_on() -> None:
     assert findings[-1].metrics["n_passed"] == 2
 
 
+@pytest.mark.integration
 def test_an_unvalidated_array_api_crashes_on_the_int32_trap_and_returns_garbage() -> None:
     findings = _run(fakes.HashEmbedTarget(), cases=["int32_array_*", "array_nan", "text_empty"])
     failures = _failures(findings)
@@ -93,6 +98,7 @@ def test_an_unvalidated_array_api_crashes_on_the_int32_trap_and_returns_garbage(
     assert "constant embedding" in failures["text_empty"].title
 
 
+@pytest.mark.integration
 def test_inprocess_isolation_and_unloadable_targets() -> None:
     class NotLoadable(bt.ContractSafeTarget):
         uri = "py:tests.no_such_module:factory"
@@ -146,6 +152,7 @@ def test_contract_is_registered_for_step_1(name: str) -> None:
     assert cls.step in AVAILABLE_STEPS and (cls.__doc__ or "").strip()
 
 
+@pytest.mark.integration
 def test_a_real_model_behind_an_exif_ignoring_decoder(tmp_path_factory: pytest.TempPathFactory) -> None:
     pytest.importorskip("transformers")
     bt.ensure_tiny_clip(tmp_path_factory.getbasetemp())
