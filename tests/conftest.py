@@ -9,6 +9,7 @@ Plain helpers that tests call directly (``aio``, ``run_check``) live in :mod:`te
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,25 @@ if str(ROOT) not in sys.path:
 
 REAL_MODEL_FIXTURES = frozenset({"model_dir"})
 """Fixtures that load a real model: every test that uses one belongs to the integration tier."""
+
+
+def marked_integration_as_a_whole(path: Path) -> bool:
+    """True when the module assigns ``pytestmark = pytest.mark.integration`` at top level (read, not imported)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return "mark.integration" in ast.unparse(node.value)
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the fast tier, do not even import a module that is integration as a whole: its imports
+    (torch, transformers, ONNX Runtime, FastAPI) cost a third of the tier's time, for no test."""
+    if str(config.getoption("markexpr", "") or "").strip() != "not integration":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if marked_integration_as_a_whole(collection_path) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,6 +22,8 @@ from mmchaos.findings import Finding, Verdict
 from tests import broken_targets as bt
 from tests.support import run_check
 
+pytestmark = pytest.mark.integration  # real models (and torch) throughout
+
 DATA = make_shapes(24, seed=2)
 
 

@@ -26,6 +26,8 @@ from tests import broken_targets as bt
 from tests import fakes
 from tests.support import run_check
 
+pytestmark = pytest.mark.integration  # every test here exports or runs the real model
+
 DATA = make_shapes(8, seed=3)
 
 

@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import io
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,17 @@ def test_every_scheme_has_refusal_and_load_cases() -> None:
     assert set(REFUSALS) == set(SCHEMES.names()) == set(LOADS)
 
 
+#: Schemes whose factory imports torch before it can refuse anything.
+TORCH_BEFORE_REFUSAL = {"hf"}
+
+
 @pytest.mark.parametrize(
     ("uri", "error", "code"),
-    [case for cases in REFUSALS.values() for case in cases],
-    ids=[case[0] for cases in REFUSALS.values() for case in cases],
+    [
+        pytest.param(*case, id=case[0], marks=[pytest.mark.integration] if scheme in TORCH_BEFORE_REFUSAL else [])
+        for scheme, cases in REFUSALS.items()
+        for case in cases
+    ],
 )
 def test_a_bad_uri_is_refused_with_a_typed_error_and_a_stable_code(
     uri: str, error: type[UsageError], code: str, tmp_path: Path
@@ -348,31 +356,47 @@ def test_every_registered_check_is_mapped_to_its_broken_and_correct_target_tests
     assert sorted(CHECK_TESTS) == REGISTRY.names()
 
 
-SKIPPING = {"skip", "skipif", "xfail"}
+SKIPPING = re.compile(r"\bmark\.(skip|skipif|xfail)\b")
 
 
-def _test_functions(module: str) -> dict[str, Any]:
-    """The module's test functions: imported (as pytest collects them), or read from its source
-    when an optional dependency the module needs is missing here (it then skips at import)."""
-    try:
-        mod = importlib.import_module(f"tests.{module}")
-    except pytest.skip.Exception:
-        tree = ast.parse((TESTS / f"{module}.py").read_text())
-        return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    module_marks = getattr(mod, "pytestmark", [])
-    module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
-    assert not {m.name for m in module_marks} & SKIPPING, f"tests/{module}.py is skipped as a whole"
-    return {name: obj for name, obj in vars(mod).items() if name.startswith("test_") and callable(obj)}
+def _read_tests(module: str) -> tuple[dict[str, ast.FunctionDef], str]:
+    """The module's top-level test functions and its ``pytestmark`` source, read without importing it
+    (the fast tier must not pay for the torch or FastAPI imports of integration modules)."""
+    tree = ast.parse((TESTS / f"{module}.py").read_text(encoding="utf-8"))
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    marks = [
+        ast.unparse(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+    ]
+    return functions, " ".join(marks)
 
 
 @pytest.mark.parametrize("check", sorted(CHECK_TESTS))
 def test_the_mapped_tests_exist_run_and_exercise_the_check(check: str) -> None:
     module, fails, passes = CHECK_TESTS[check]
-    functions = _test_functions(module)
+    functions, module_marks = _read_tests(module)
+    assert not SKIPPING.search(module_marks), f"tests/{module}.py is skipped as a whole: {module_marks}"
     for name in (fails, passes):
         assert name in functions, f"{check}: tests/{module}.py has no {name}"
-        marks = {m.name for m in getattr(functions[name], "pytestmark", [])}
-        assert not marks & SKIPPING, f"{check}: {name} is marked {marks}"
-    source = (TESTS / f"{module}.py").read_text()
+        decorators = " ".join(ast.unparse(d) for d in functions[name].decorator_list)
+        assert not SKIPPING.search(decorators), f"{check}: {name} is marked {decorators}"
+    source = (TESTS / f"{module}.py").read_text(encoding="utf-8")
     cls = REGISTRY.get(check)
     assert cls.__name__ in source or f'"{check}"' in source, f"tests/{module}.py never names {check}"
+
+
+@pytest.mark.integration
+def test_the_mapped_tests_are_what_pytest_collects() -> None:
+    """The same mapping, through the import pytest does: each named test is a callable test
+    function of its module, and neither it nor its module carries a skip or xfail mark."""
+    for check, (module, *names) in CHECK_TESTS.items():
+        mod = importlib.import_module(f"tests.{module}")
+        module_marks = getattr(mod, "pytestmark", [])
+        module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
+        assert not {m.name for m in module_marks} & {"skip", "skipif", "xfail"}, module
+        for name in names:
+            fn = getattr(mod, name, None)
+            assert callable(fn), f"{check}: tests.{module}.{name} is not a function"
+            marks = {m.name for m in getattr(fn, "pytestmark", [])}
+            assert not marks & {"skip", "skipif", "xfail"}, f"{check}: {name} is marked {marks}"
