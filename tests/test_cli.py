@@ -81,7 +81,11 @@ def test_validate_exit_1_when_a_gate_fails_and_evidence_is_saved(run_cli, tmp_pa
         (["validate", "--target", "nonsense"], "target must be a URI"),
         (["validate", "--target", "builtin:tiny-clp"], "did you mean builtin:tiny-clip"),
         (["validate", "--suite", "nope"], "unknown suite"),
-        (["validate", "--target", "hf:/nonexistent/model"], "neither a directory nor in the local hub cache"),
+        pytest.param(  # loads torch and transformers before it can refuse: not the fast tier
+            ["validate", "--target", "hf:/nonexistent/model"],
+            "neither a directory nor in the local hub cache",
+            marks=pytest.mark.integration,
+        ),
         (["validate", "--target", "py:tests.fakes:hash_embed", "--data", "/no/such.jsonl"], "dataset not found"),
         (["report", "nope"], "no run store"),
         (["list", "bogus"], "unknown kind"),

@@ -31,6 +31,7 @@ def _failures(findings: list[Finding]) -> dict[str, Finding]:
     return {f.evidence["case"]: f for f in findings if f.verdict == Verdict.FAIL}
 
 
+@pytest.mark.integration
 def test_a_validating_target_passes_the_whole_corpus() -> None:
     findings = _run(bt.ContractSafeTarget())
     assert not _failures(findings), [f.title for f in findings if f.verdict != Verdict.PASS]
@@ -44,6 +45,7 @@ def test_a_validating_target_passes_the_whole_corpus() -> None:
     assert passed["int32_png_50000x50000"].startswith("rejected: TargetCallError[element_count_overflow]")
 
 
+@pytest.mark.integration
 def test_a_processor_that_ignores_exif_fails_every_rotated_photo() -> None:
     failures = _failures(_run(bt.ExifIgnoringTarget(), cases=["exif", "mode_L", "zero_byte"]))
     assert sorted(failures) == [f"exif_orientation_{o}" for o in range(2, 9)]
@@ -96,6 +98,7 @@ def test_an_unvalidated_array_api_crashes_on_the_int32_trap_and_returns_garbage(
     assert "constant embedding" in failures["text_empty"].title
 
 
+@pytest.mark.integration
 def test_inprocess_isolation_and_unloadable_targets() -> None:
     class NotLoadable(bt.ContractSafeTarget):
         uri = "py:tests.no_such_module:factory"

@@ -14,7 +14,6 @@ from mmchaos.checks.contract.contract import Contract
 from mmchaos.data import load_dataset
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets import load_target
-from mmchaos.targets.builtin import TINY_CLIP_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +36,6 @@ def _judged_and_decoded(findings: list[Finding]) -> dict[str, str]:
     return failed
 
 
-@pytest.mark.skipif(not (TINY_CLIP_DIR / "model.safetensors").is_file(), reason="built-in tiny-clip not installed")
 def test_whole_corpus_on_tiny_clip() -> None:
     pytest.importorskip("torch")
     findings = _run("builtin:tiny-clip", "builtin:shapes?n=8")

@@ -6,7 +6,6 @@ each broken target adds one realistic bug to it (see tests/broken_targets.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +14,21 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mmchaos.checks.base import CheckContext
 from mmchaos.checks.engine.batch_invariance import BatchInvariance, BatchInvarianceParams
 from mmchaos.checks.engine.context_boundary import ContextBoundary, ContextBoundaryGate
 from mmchaos.checks.engine.precision import Precision, PrecisionGate, PrecisionParams, cast_module
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
-from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
+from tests.support import run_check
+
+pytestmark = pytest.mark.integration  # real models (and torch) throughout
 
 DATA = make_shapes(24, seed=2)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield bt.ensure_tiny_clip(tmp_path_factory.getbasetemp())
-    torch.set_num_threads(threads)
-
-
 def _run(check: Any, target: Any, data: Any = DATA) -> list[Finding]:
-    return list(check.run(CheckContext(target=TimedTarget(target), dataset=data, seed=0, check_id=check.name)))
+    return run_check(check, target, data)
 
 
 def _parts(findings: list[Finding]) -> dict[str, Finding]:

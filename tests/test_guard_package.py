@@ -95,6 +95,7 @@ print(json.dumps({"bare": bare, "lazy": lazy, "heavy": heavy}))
 """
 
 
+@pytest.mark.integration
 def test_guard_imports_neither_torch_nor_transformers_and_loads_lazily(subprocess_env: dict[str, str]) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=subprocess_env, timeout=120)
     assert out.returncode == 0, out.stderr

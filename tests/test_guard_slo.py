@@ -176,6 +176,7 @@ def test_rules_can_read_other_metrics_and_combine_slos() -> None:
 PROMTOOL = shutil.which("promtool")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
 def test_promtool_accepts_the_rules_and_fires_them_on_the_same_traffic(tmp_path: Path) -> None:
     slo = BurnRateSLO(name="embeddings", objective=0.999, registry=CollectorRegistry())

@@ -3,37 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mmchaos.checks.base import CheckContext
 from mmchaos.checks.integration.determinism import Determinism, DeterminismParams
 from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchGate, FingerprintMatchParams
 from mmchaos.checks.integration.thread_safety import ThreadSafety, ThreadSafetyParams, max_difference
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
-from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
+from tests.support import run_check
 
 DATA = make_shapes(16, seed=4)
 
 
 def _run(check: Any, target: Any, data: Any = DATA) -> list[Finding]:
-    return list(check.run(CheckContext(target=TimedTarget(target), dataset=data, seed=0, check_id=check.name)))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    pytest.importorskip("transformers")
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield bt.ensure_tiny_clip(tmp_path_factory.getbasetemp())
-    torch.set_num_threads(threads)
+    return run_check(check, target, data)
 
 
 # -- thread safety ---------------------------------------------------------------------------------
@@ -180,6 +167,7 @@ def test_thread_safety_on_real_models(model_dir: Path) -> None:
 # -- determinism ------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> None:
     findings = _run(Determinism(), bt.ContractSafeTarget())
     assert [(f.evidence["mode"], f.verdict) for f in findings] == [
@@ -277,8 +265,7 @@ def test_fingerprint_match_catches_a_normalisation_swap_through_the_lock(model_d
 def test_fingerprint_match_probe_catches_a_normalisation_swap_on_the_trained_model(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    if not bt.is_trained(model_dir):
-        pytest.skip("the zero-shot probe needs the trained built-in tiny-clip")
+    assert bt.is_trained(model_dir), "the zero-shot probe needs the trained built-in tiny-clip"
     from mmchaos.data.shapes import make_shapes as shapes
     from mmchaos.targets.hf import HFContrastiveTarget
 

@@ -15,21 +15,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mmchaos.checks.base import Check, CheckContext
+from mmchaos.checks.base import Check
 from mmchaos.checks.observability.drift_detection import DriftDetection
 from mmchaos.checks.observability.metrics_exposure import MetricsExposure
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes import HashEmbedTarget
+from tests.support import run_check_class
 
 DATA = make_shapes(32, seed=5)
 SMALL: dict[str, Any] = {"samples": 32, "clean_requests": 1000, "severities": [5], "max_delay_requests": 1000}
 
 
 def run(check_cls: type[Check], target: Target, params: dict[str, Any]) -> list[Finding]:
-    check = check_cls(check_cls.Params.model_validate(params))
-    return list(check.run(CheckContext(target=target, dataset=DATA, seed=0, check_id=check_cls.name)))
+    return run_check_class(check_cls, target, params, data=DATA)
 
 
 class LeakyStateTarget(HashEmbedTarget):
@@ -57,6 +57,7 @@ def nothing_left_running() -> Iterator[None]:
     assert not ours() - before
 
 
+@pytest.mark.integration
 def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> None:
     findings = run(
         DriftDetection,
@@ -77,6 +78,7 @@ def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> No
     assert row["material"] and row["detected"] and row["delay_requests"] % 200 == 0
 
 
+@pytest.mark.integration
 def test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks() -> None:
     findings = run(
         DriftDetection,

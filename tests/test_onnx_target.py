@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +14,21 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from mmchaos.checks.base import CheckContext
 from mmchaos.checks.engine.backend_differential import BackendDifferential
 from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchParams
 from mmchaos.data.shapes import make_shapes
 from mmchaos.errors import CapabilityError, ConfigError, TargetLoadError
 from mmchaos.findings import Finding, Verdict
-from mmchaos.runner import TimedTarget
 from mmchaos.targets import load_target
 from mmchaos.targets.base import Capability
 from mmchaos.targets.export import MANIFEST, export_onnx, onnx_input_dims
 from tests import broken_targets as bt
 from tests import fakes
+from tests.support import run_check
+
+pytestmark = pytest.mark.integration  # every test here exports or runs the real model
 
 DATA = make_shapes(8, seed=3)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield bt.ensure_tiny_clip(tmp_path_factory.getbasetemp())
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +40,7 @@ def exported(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(check: Any, target: Any) -> list[Finding]:
-    return list(check.run(CheckContext(target=TimedTarget(target), dataset=DATA, seed=0, check_id=check.name)))
+    return run_check(check, target, DATA)
 
 
 def test_export_writes_a_self_describing_directory(exported: Path) -> None:

@@ -21,18 +21,15 @@ from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.guard.breaker import BreakerConfig
 from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.targets import TargetOptions, load_target
-from mmchaos.targets.base import Capability, Target
-from mmchaos.targets.builtin import TINY_CLIP_DIR
+from mmchaos.targets.base import Capability
 from mmchaos.targets.openai_http import EndpointError, OpenAITarget
-from tests.fakes import HashEmbedTarget, ShapeColourTarget
+from tests.fakes import HashEmbedTarget
 from tests.test_server import ControlledTarget, ReaderTarget
 
 pytestmark = pytest.mark.integration
 
-#: The target both runs use: the built-in model once it ships, the numpy stand-in until then.
-COMPARED = (
-    "builtin:tiny-clip" if (TINY_CLIP_DIR / "model.safetensors").is_file() else "py:tests.fakes:ShapeColourTarget"
-)
+#: The target both runs use (the built-in model ships with the package).
+COMPARED = "builtin:tiny-clip"
 IMG = np.random.default_rng(1).integers(0, 255, (40, 48, 3), dtype=np.uint8)
 
 
@@ -239,16 +236,6 @@ def test_cli_load_errors_exit_2_with_one_line(run_cli: Any, tmp_path: Path, url:
                              "--store", str(tmp_path / "s.db"))  # fmt: skip
     assert code == 2 and message in err and "Traceback" not in out + err
     assert [line for line in err.splitlines() if line.startswith("error")] == [err.strip().splitlines()[-1]]
-
-
-def test_shape_colour_stand_in_is_what_the_comparison_uses_until_tiny_clip_ships() -> None:
-    target: Target = load_target(COMPARED)
-    try:
-        assert target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT)
-        if COMPARED.startswith("py:"):
-            assert isinstance(target, ShapeColourTarget)
-    finally:
-        target.close()
 
 
 def test_a_transformers_clip_through_http_equals_in_process(tmp_path_factory: pytest.TempPathFactory) -> None:

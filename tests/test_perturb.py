@@ -311,6 +311,7 @@ def test_glass_blur_is_fast() -> None:
     assert min(times) < 0.05, f"glass_blur took {min(times) * 1000:.1f} ms at 224x224 (budget 50 ms)"
 
 
+@pytest.mark.integration  # a child interpreter
 def test_perturb_package_does_not_import_torch() -> None:
     modules = "mmchaos.perturb." + ", mmchaos.perturb.".join(
         ["noise", "blur", "weather", "digital", "deployment", "saliency", "typographic", "text", "multimodal",

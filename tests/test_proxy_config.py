@@ -58,6 +58,7 @@ EXPECTED_CHAOS_ALL = [
 ]
 
 
+@pytest.mark.integration  # a child interpreter
 def test_public_surface_is_pinned_and_lazy() -> None:
     assert serving.__all__ == EXPECTED_ALL
     assert chaos.__all__ == EXPECTED_CHAOS_ALL

@@ -209,6 +209,7 @@ def test_proxy_thread_reports_bad_input_in_the_caller() -> None:
             pass
 
 
+@pytest.mark.integration
 def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
     """`mmchaos proxy` in a child process: toxics from flags and a file, control API, clean Ctrl-C."""
     toxics = tmp_path / "toxics.yaml"

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,22 +18,7 @@ import pytest
 
 from mmchaos.proxy.echo import EchoHTTPServer
 from mmchaos.proxy.proxy import FaultProxy
-
-LIMIT_S = 20
-
-
-def aio(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(LIMIT_S):
-                await fn(*args, **kwargs)
-            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-            assert not left, f"tasks left running: {left}"
-
-        asyncio.run(bounded())
-
-    return wrapper
+from tests.support import aio
 
 
 @contextlib.asynccontextmanager

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,26 +20,7 @@ import pytest
 from mmchaos.proxy.echo import TcpEchoServer
 from mmchaos.proxy.proxy import FaultProxy
 from mmchaos.proxy.toxics import Chunk, make_stub
-
-LIMIT_S = 20
-
-
-def aio(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(LIMIT_S):
-                await fn(*args, **kwargs)
-            assert_no_tasks()
-
-        asyncio.run(bounded())
-
-    return wrapper
-
-
-def assert_no_tasks() -> None:
-    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-    assert not left, f"tasks left running: {left}"
+from tests.support import aio
 
 
 async def assert_refused(port: int) -> None:

@@ -24,11 +24,11 @@ from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes import HashEmbedTarget
+from tests.support import run_check_class
 
 pytestmark = pytest.mark.integration
 
 DATA = make_shapes(16, seed=3)
-TINY_CLIP = Path(__file__).resolve().parent.parent / "src/mmchaos/models/tiny-clip/model.safetensors"
 # Small, fast experiments: short windows, short phases, few warm-up requests.
 FAST: dict[str, Any] = {
     "baseline_s": 0.6,
@@ -61,8 +61,7 @@ def run(
     params: dict[str, Any],
     gate: dict[str, Any] | None = None,
 ) -> list[Finding]:
-    check = check_cls(check_cls.Params.model_validate(params), check_cls.Gate.model_validate(gate or {}))
-    return list(check.run(CheckContext(target=target, dataset=DATA, seed=0, check_id=check_cls.name)))
+    return run_check_class(check_cls, target, params, gate, data=DATA)
 
 
 def experiment(findings: list[Finding]) -> Finding:
@@ -204,7 +203,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
     from mmchaos.suites import SuiteSpec, load_suite
 
     load_suite("serving")  # the built-in suite validates
-    target = "builtin:tiny-clip" if TINY_CLIP.is_file() else "py:tests.fakes:hash_embed"
+    target = "builtin:tiny-clip"
     breaker = {
         "failure_rate_threshold": 50,
         "sliding_window_size": 10,

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("mmchaos") is None:  # not installed: use the checkout's src/
