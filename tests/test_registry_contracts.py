@@ -185,7 +185,7 @@ PROBES: dict[str, list[Probe]] = {
 #: Known dishonesty, by load fixture: the probes of undeclared capabilities that do not raise
 #: CapabilityError. OpenAITarget sends read_text to /chat/completions whatever the endpoint
 #: declared (the server answers 400, a TargetCallError). Remove an entry when it is fixed.
-KNOWN_DISHONEST: dict[str, set[str]] = {"openai": {"read_text", "read_encoded_images"}}
+KNOWN_DISHONEST: dict[str, set[str]] = {}
 
 PREPROCESSORS = ("preprocess_images", "tokenize", "preprocess")
 """PREPROCESS has no method on the Target base: hf and onnx expose ``preprocess_images`` and
@@ -272,6 +272,11 @@ def test_a_loaded_target_fingerprints_and_its_capabilities_are_honest(
 
 #: check -> (test module, a test where a broken target fails it, a test where a correct one passes).
 CHECK_TESTS: dict[str, tuple[str, str, str]] = {
+    "modality_coverage": (
+        "test_modality_coverage",
+        "test_each_untested_modality_is_a_warning_even_through_wrappers",
+        "test_a_fully_tested_target_passes",
+    ),
     "robustness": ("test_robustness", "test_a_noise_fragile_target_fails_noise", "test_a_correct_target_passes_noise"),
     "missing_modality": (
         "test_checks_fakes",

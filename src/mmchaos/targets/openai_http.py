@@ -58,7 +58,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import (
@@ -623,7 +623,14 @@ class OpenAITarget(Target):
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         return self.read_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
 
+    def _require(self, capability: Capability, what: str) -> None:
+        """Refuse, as every target does, a call the endpoint was not found (or declared) to serve."""
+        if capability not in self.capabilities:
+            raise CapabilityError(f"{self.uri} cannot {what} (capabilities: {sorted(self.capabilities)})")
+
     def read_encoded_images(self, blobs: Sequence[bytes]) -> list[str]:
+        self._require(Capability.READ_TEXT, "read text")
+
         def one(blob: bytes) -> str:
             payload = {
                 "model": self.model,
@@ -673,6 +680,7 @@ class OpenAITarget(Target):
         images: Sequence[ImageArray] = (),
         params: GenerationParams | None = None,
     ) -> GenerationResult:
+        self._require(Capability.GENERATE, "generate")
         params = params or GenerationParams()
         payload = self._chat_payload(prompt, images, params)
         body = self._post_chat(payload)
@@ -725,6 +733,7 @@ class OpenAITarget(Target):
         """The first completion's text deltas, read from ``stream: true`` server-sent events."""
         import httpx
 
+        self._require(Capability.GENERATE, "generate")
         params = params or GenerationParams()
         if params.n != 1:
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
