@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +79,6 @@ def render() -> str:
         if len(msg) > 110:
             msg = msg[:107] + "…"
         rows.append(f"| `{code}` | {where} | {msg} |")
-    by_prefix: dict[str, int] = defaultdict(int)
-    for code in found:
-        by_prefix[code.split("_")[0]] += 1
     return HEADER + "\n".join(rows) + f"\n\n{len(found)} codes.\n"
 
 
