@@ -19,8 +19,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from mmchaos.errors import UsageError
-from mmchaos.server.app import GuardedServer, create_app
+from mmchaos.server.app import create_app
 from mmchaos.server.config import ServerConfig
+from mmchaos.server.engine import GuardedServer
 from mmchaos.targets.base import Target
 
 __all__ = ["ServerThread", "bind", "serve"]

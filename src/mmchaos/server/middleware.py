@@ -1,0 +1,119 @@
+"""The ASGI edge of every request: request ids, API keys, content type and body size, and the
+request metrics and SLO events (timed here, so every answer counts, refusals included)."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mmchaos.server.engine import GuardedServer
+from mmchaos.server.errors import HTTPError
+
+__all__ = ["ENDPOINTS", "REQUEST_ID_HEADER", "RequestEdge"]
+
+REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+_JSON_TYPES = ("application/json", "application/vnd.openai+json")
+ENDPOINTS = frozenset(
+    {"/v1/embeddings", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"}
+)
+
+
+class RequestEdge:
+    """ASGI middleware: request ids, API keys, content type and body size, request metrics and SLO."""
+
+    def __init__(self, app: ASGIApp, server: GuardedServer) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        srv = self.server
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        given = headers.get(REQUEST_ID_HEADER, "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        path: str = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
+        try:
+            refusal = self._refuse(scope, headers, path)
+            body: bytes | None = None
+            if refusal is None and scope.get("method") == "POST":
+                body, refusal = await self._read_body(receive, headers)
+                if body is None and refusal is None:
+                    return  # the client went away
+            if refusal is not None:
+                await refusal.response()(scope, receive, send_with_id)
+                return
+            await self.app(scope, _replay(body, receive) if body is not None else receive, send_with_id)
+        finally:
+            code = status[0]
+            srv.metrics.requests.labels(endpoint, str(code)).inc()
+            srv.metrics.seconds.labels(endpoint).observe(time.perf_counter() - start)
+            if srv.guards and path.startswith("/v1/") and endpoint != "other":
+                srv.slo.record(code < 500, time.perf_counter() - start)
+
+    def _refuse(self, scope: Scope, headers: dict[str, str], path: str) -> HTTPError | None:
+        srv = self.server
+        if srv.api_keys and path.startswith("/v1/"):
+            auth = headers.get("authorization", "")
+            scheme, _, key = auth.partition(" ")
+            if scheme.lower() != "bearer" or key.strip() not in srv.api_keys:
+                return HTTPError(401, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
+        if scope.get("method") == "POST" and path.startswith("/v1/"):
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype not in _JSON_TYPES:
+                return HTTPError(
+                    415,
+                    "unsupported_media_type",
+                    f"the body must be application/json, got {ctype or 'no content type'}",
+                )
+        return None
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes | None, HTTPError | None]:
+        limit = self.server.config.max_body_bytes
+        too_big = HTTPError(413, "payload_too_large", f"the request body is over {limit} bytes")
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return b"", too_big
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None, None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return b"", too_big
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
