@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,13 +30,15 @@ from mmchaos.targets.base import Target
 __all__ = ["REQUEST_ID_HEADER", "GuardedServer", "create_app", "served_model_name"]
 
 
-def create_app(target: Target, config: ServerConfig | None = None) -> FastAPI:
+def create_app(target: Target, config: ServerConfig | None = None, *, tracer_provider: Any = None) -> FastAPI:
     """An OpenAI-compatible app serving ``target`` with the guards of ``config`` on the request path.
 
     The caller owns ``target`` (and closes it). The app's :class:`GuardedServer` is
     ``app.state.mmchaos``; its Prometheus registry is ``app.state.mmchaos.registry``.
+    ``tracer_provider``: an OpenTelemetry tracer provider for the request spans (default: one
+    exporting to ``config.otlp_endpoint`` when set, else OpenTelemetry's global provider).
     """
-    server = GuardedServer(target, config)
+    server = GuardedServer(target, config, tracer_provider=tracer_provider)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +78,12 @@ def create_app(target: Target, config: ServerConfig | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _starlette(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
+            # FastAPI's body parser: bad UTF-8, nesting past the parser's depth, an integer of
+            # more digits than Python converts. All are a body that is not (usable) JSON.
+            code = "invalid_json"
+            exc = StarletteHTTPException(400, "the request body is not valid JSON (bad UTF-8, too deeply nested, "
+                                          "or a number too large)")  # fmt: skip
         err = HTTPError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
         return await _http_error(request, err)
 

@@ -15,7 +15,18 @@ from mmchaos.guard.breaker import CallNotPermitted
 from mmchaos.guard.preflight import PreflightError
 from mmchaos.server.protocol import ErrorBody
 
-__all__ = ["ERROR_RESPONSES", "BadModelOutput", "HTTPError", "to_http_error", "validation_error"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "ERROR_RESPONSES",
+    "BadModelOutput",
+    "HTTPError",
+    "RequestCancelled",
+    "to_http_error",
+    "validation_error",
+]
+
+#: The status recorded for a request whose client left before its answer (nginx's 499).
+CLIENT_CLOSED = 499
 
 log = logging.getLogger("mmchaos.server")
 
@@ -47,7 +58,7 @@ class HTTPError(Exception):
             return "rate_limit_error"
         if self.status == 503:
             return "service_unavailable_error"
-        if self.status == 504:
+        if self.status in (408, 504):
             return "timeout_error"
         return "server_error" if self.status >= 500 else "invalid_request_error"
 
@@ -62,6 +73,10 @@ class BadModelOutput(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class RequestCancelled(Exception):
+    """Work stopped because its client timed out or went away; nobody waits for its answer."""
 
 
 def to_http_error(exc: BaseException) -> HTTPError:
@@ -110,9 +125,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "too large (body, image pixels, element count, text, tokens, inputs)"),
         (415, "unsupported content type, image format or mode"),
         (422, "well-formed but unprocessable input (too small, animated, refused by the model)"),
+        (408, "the request body did not arrive in time"),
         (429, "queue full (Retry-After)"),
         (500, "the model failed or returned NaN"),
-        (503, "circuit breaker open (Retry-After)"),
+        (503, "circuit breaker open (Retry-After), or the model failed its load check"),
         (504, "request timeout"),
     )
 }

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -61,6 +61,14 @@ def _encode(vector: FloatArray, fmt: str) -> list[float] | str:
     return out
 
 
+async def _disconnected(request: Request) -> None:
+    """Complete when the client goes away (the body was read already: only ``http.disconnect`` is left)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 async def _guarded(work: Callable[[], Awaitable[T]]) -> T:
     try:
         return await work()
@@ -95,7 +103,12 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     _check_model(server, body.model)
     items = embedding_items(body, server.config.max_items)
     _check_capability(server, items, Capability.EMBED_TEXT)
-    vectors = await _guarded(lambda: server.run(partial(server.embed_job, items)))
+    if body.dimensions is not None and body.dimensions < 1:
+        raise HTTPError(400, "dimensions_unsupported", "dimensions must be a positive integer", param="dimensions")
+    pixels = server.declared_pixels(items)
+    vectors = await _guarded(
+        lambda: server.run(partial(server.embed_job, items), pixels=pixels, gone=_disconnected(request))
+    )
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise HTTPError(
             400, "dimensions_unsupported", f"this model's embeddings have {vectors.shape[1]} dimensions",
@@ -138,7 +151,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         raise HTTPError(400, "empty_input", "the messages hold no image_url content part", param="messages")
     if len(items) > server.config.max_items:
         raise HTTPError(413, "too_many_inputs", f"{len(items)} content parts; the limit is {server.config.max_items}")
-    text = await _guarded(lambda: server.run(partial(server.read_job, items)))
+    pixels = server.declared_pixels(items, param="messages")
+    text = await _guarded(
+        lambda: server.run(partial(server.read_job, items), pixels=pixels, gone=_disconnected(request))
+    )
     rid = request.state.request_id
     return json_response(
         {
@@ -162,23 +178,34 @@ async def models(request: Request) -> Response:
 
 
 @router.get("/healthz", tags=["operations"])
+@router.head("/healthz", include_in_schema=False)
 async def healthz() -> Response:
-    """Liveness: 200 while the event loop answers."""
+    """Liveness: 200 while the event loop answers (also to HEAD)."""
     return json_response({"status": "ok"})
 
 
 @router.get("/readyz", tags=["operations"], responses={503: {"model": ErrorBody}})
+@router.head("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> Response:
-    """Readiness: 503 while starting, draining for shutdown, or with the breaker open."""
+    """Readiness: 503 while starting, draining for shutdown, with the breaker open (``not_ready``),
+    or for good when the model failed its load check (``model_load_mismatch``)."""
     server = _server(request)
-    ok, why = server.readiness()
+    ok, why, code = server.readiness()
     server.metrics.ready.set(1.0 if ok else 0.0)
     if ok:
         return json_response({"status": "ready", "model": server.model_name})
-    raise HTTPError(503, "not_ready", why)
+    raise HTTPError(503, code, why)
 
 
-@router.get("/metrics", tags=["operations"])
+_METRICS_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition format 0.0.4",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/metrics", tags=["operations"], response_class=PlainTextResponse, responses=_METRICS_DOC)
 async def metrics(request: Request) -> Response:
     """Prometheus text format: requests, per-modality stage latencies and every guard's metrics."""
     return Response(generate_latest(_server(request).registry), media_type=CONTENT_TYPE_LATEST)
