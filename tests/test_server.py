@@ -493,9 +493,9 @@ def zero_png(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
 
 
-def metric(srv: ServerThread, name: str, **labels: str) -> float:
+def metric(srv: ServerThread, family: str, **labels: str) -> float:
     """One sample of the server's registry (0.0 when absent)."""
-    value = srv.state.registry.get_sample_value(name, labels)
+    value = srv.state.registry.get_sample_value(family, labels)
     return 0.0 if value is None else float(value)
 
 
@@ -522,11 +522,12 @@ def test_pixel_budget_refuses_many_huge_images_before_decoding(target: Controlle
         assert err["param"] == "input"
         # refused from the declared sizes: nothing was decoded, the model never ran
         assert metric(srv, "mmchaos_server_stage_seconds_count", modality="image", stage="decode") == 0
-        assert metric(srv, "mmchaos_preflight_inputs_total", guard="server", kind="image", outcome="ok") == 0
+        assert metric(srv, "mmchaos_preflight_inputs_total", name="server", kind="image", code="ok") == 0
         assert target.calls == 0
         # one such image is within the per-request budget and is served
         one = c.post("/v1/embeddings", json={"input": [image_part(url)]})
         assert one.status_code == 200, one.text
+        assert metric(srv, "mmchaos_preflight_inputs_total", name="server", kind="image", code="ok") == 1
 
 
 def test_pixel_budget_in_flight_queues_instead_of_decoding(target: ControlledTarget) -> None:
@@ -555,6 +556,7 @@ def test_client_disconnect_mid_upload_is_499_and_spares_the_slo(server: ServerTh
     wait_until(lambda: metric(server, "mmchaos_server_requests_total", endpoint="/v1/embeddings", status="499") == 3)
     assert metric(server, "mmchaos_server_requests_total", endpoint="/v1/embeddings", status="500") == 0
     assert metric(server, "mmchaos_slo_errors_total", slo="server") == 0
+    assert metric(server, "mmchaos_slo_requests_total", slo="server") == 0
 
 
 def test_client_disconnect_cancels_work_still_waiting_for_the_model(
