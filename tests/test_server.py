@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import mmchaos
 from mmchaos.errors import TargetCallError
 from mmchaos.guard.breaker import BreakerConfig
 from mmchaos.server import ServerConfig, ServerThread, create_app
@@ -680,3 +681,103 @@ def test_traceparent_is_continued_and_spans_are_exported(target: ControlledTarge
     assert server_span.parent is not None and format(server_span.parent.span_id, "016x") == parent
     assert server_span.attributes["http.response.status_code"] == 200
     assert server_span.attributes["mmchaos.request_id"] == resp.headers["x-request-id"]
+
+
+# -- vLLM interop (issue 11): model names, /health, /version, ids, token ids, max_tokens -----------
+
+
+def test_model_may_be_named_by_uri_or_alias_as_vllm_accepts(target: ControlledTarget) -> None:
+    config = ServerConfig(model_name="clip", model_aliases=("clip-v2", "openai/clip"))
+    with ServerThread(target, config) as srv, httpx.Client(base_url=srv.url) as c:
+        for name in ("clip", "clip-v2", "openai/clip", target.uri):
+            resp = c.post("/v1/embeddings", json={"model": name, "input": "x"})
+            assert resp.status_code == 200, (name, resp.text)
+            assert resp.json()["model"] == "clip"  # answers name the served model
+        assert_error(c.post("/v1/embeddings", json={"model": "gpt-4", "input": "x"}), 404, "model_not_found")
+        assert_error(c.post("/v1/embeddings", json={"model": "ControlledTarget", "input": "x"}), 404,
+                     "model_not_found")  # fmt: skip
+        assert {m["id"] for m in c.get("/v1/models").json()["data"]} == {"clip"}
+
+
+def test_vllm_health_version_and_embedding_ids(client: httpx.Client) -> None:
+    health = client.get("/health")
+    assert health.status_code == 200 and health.content == b""
+    assert client.get("/version").json() == {"version": mmchaos.__version__}
+    out = client.post("/v1/embeddings", json={"input": "x"}, headers={"x-request-id": "rq-7"}).json()
+    assert out["id"] == "embd-rq-7" and isinstance(out["created"], int) and out["created"] > 1_600_000_000
+    spec = client.get("/openapi.json").json()
+    assert {"/health", "/version"} <= set(spec["paths"])
+    assert {"id", "created"} <= set(spec["components"]["schemas"]["EmbeddingResponse"]["properties"])
+
+
+class WordTokenizer:
+    """A tokenizer with transformers' decode signature: id i is word i of a fixed vocabulary."""
+
+    vocab = ("<s>", "a", "red", "circle", "</s>")
+    special = (0, 4)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(self.vocab[i] for i in ids if not (skip_special_tokens and i in self.special))
+
+
+class TokenizedTarget(HashEmbedTarget):
+    uri = "py:tests.test_server:TokenizedTarget"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = WordTokenizer()
+
+
+def test_token_id_inputs_where_the_target_has_a_tokenizer(target: ControlledTarget) -> None:
+    ref = HashEmbedTarget().embed_texts(["a red circle", "circle"])
+    with ServerThread(TokenizedTarget()) as srv, httpx.Client(base_url=srv.url) as c:
+        one = c.post("/v1/embeddings", json={"input": [0, 1, 2, 3, 4]})
+        assert one.status_code == 200, one.text
+        np.testing.assert_array_equal(np.array(one.json()["data"][0]["embedding"], np.float32), ref[0])
+        two = c.post("/v1/embeddings", json={"input": [[1, 2, 3], [3]]}).json()
+        np.testing.assert_array_equal(np.array([d["embedding"] for d in two["data"]], np.float32), ref)
+        err = assert_error(c.post("/v1/embeddings", json={"input": [[1, 2], [1, 99]]}), 400, "invalid_token_id")
+        assert err["param"] == "input[1]"
+        assert_error(c.post("/v1/embeddings", json={"input": [-1]}), 400, "invalid_token_id")
+    with ServerThread(target) as srv, httpx.Client(base_url=srv.url) as c:
+        assert_error(c.post("/v1/embeddings", json={"input": [1, 2]}), 400, "token_ids_unsupported")
+
+
+def test_chat_honours_max_tokens() -> None:
+    page = png_url(np.full((20, 30, 3), 250, np.uint8))
+    body = {"messages": [{"role": "user", "content": [image_part(page)] * 3}]}
+    with ServerThread(ReaderTarget()) as srv, httpx.Client(base_url=srv.url) as c:
+        full = c.post("/v1/chat/completions", json=body).json()
+        assert full["choices"][0]["message"]["content"] == "30x20 light\n30x20 light\n30x20 light"
+        assert full["choices"][0]["finish_reason"] == "stop"
+        cut = c.post("/v1/chat/completions", json={**body, "max_tokens": 3}).json()
+        choice = cut["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert choice["message"]["content"] == "30x20 light"  # 3 tokens as usage counts them
+        assert cut["usage"]["completion_tokens"] == 3
+        newer = c.post("/v1/chat/completions", json={**body, "max_completion_tokens": 3}).json()
+        assert newer["choices"][0]["message"]["content"] == choice["message"]["content"]
+        roomy = c.post("/v1/chat/completions", json={**body, "max_tokens": 1000}).json()
+        assert roomy["choices"][0]["finish_reason"] == "stop"
+        assert_error(c.post("/v1/chat/completions", json={**body, "max_tokens": 0}), 400, "invalid_request")
+
+
+def test_tiny_clip_by_uri_and_by_its_own_token_ids() -> None:
+    from mmchaos.targets import load_target
+
+    clip = load_target("builtin:tiny-clip")
+    try:
+        ids = [int(i) for i in clip.tokenizer("a red circle")["input_ids"]]  # type: ignore[attr-defined]
+        with ServerThread(clip) as srv, httpx.Client(base_url=srv.url, timeout=30.0) as c:
+            by_text = c.post("/v1/embeddings", json={"model": "builtin:tiny-clip", "input": "a red circle"})
+            assert by_text.status_code == 200, by_text.text
+            by_ids = c.post("/v1/embeddings", json={"model": "tiny-clip", "input": ids})
+            assert by_ids.status_code == 200, by_ids.text
+            np.testing.assert_allclose(by_ids.json()["data"][0]["embedding"], by_text.json()["data"][0]["embedding"],
+                                       rtol=1e-5, atol=1e-6)  # fmt: skip
+            assert c.get("/readyz").status_code == 200  # its processor belongs to its weights
+    finally:
+        clip.close()

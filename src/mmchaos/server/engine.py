@@ -277,6 +277,25 @@ class GuardedServer:
             )  # fmt: skip
         return total
 
+    def detokenize(self, ids: Sequence[int], param: str) -> str:
+        """Token ids of the target's tokenizer as text (decoded, then embedded as that text), or 400."""
+        tokenizer = getattr(unwrap(self.target), "tokenizer", None)
+        decode = getattr(tokenizer, "decode", None)
+        if not callable(decode):
+            raise HTTPError(
+                400, "token_ids_unsupported", f"{self.model_name} has no tokenizer to read token ids; send text",
+                param=param,
+            )  # fmt: skip
+        try:
+            size: int | None = len(tokenizer)  # type: ignore[arg-type]
+        except TypeError:
+            size = getattr(tokenizer, "vocab_size", None)
+        for i in ids:
+            if i < 0 or (size is not None and i >= size):
+                top = "" if size is None else f" (0..{size - 1})"
+                raise HTTPError(400, "invalid_token_id", f"token id {i} is not in the vocabulary{top}", param=param)
+        return str(decode(list(ids), skip_special_tokens=True))
+
     def retry_after(self) -> int:
         waiting = len(self.admission.waiters) + 1
         return max(1, math.ceil(self._ewma_seconds * waiting / self.config.max_concurrency))

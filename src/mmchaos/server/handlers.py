@@ -21,10 +21,11 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from mmchaos import __version__
 from mmchaos.guard.preflight import estimate_tokens
 from mmchaos.server.engine import GuardedServer
 from mmchaos.server.errors import ERROR_RESPONSES, HTTPError, to_http_error
-from mmchaos.server.inputs import Item, embedding_items, message_parts, part_item
+from mmchaos.server.inputs import Item, embedding_items, message_parts, part_item, truncate_to_tokens
 from mmchaos.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -79,7 +80,8 @@ async def _guarded(work: Callable[[], Awaitable[T]]) -> T:
 
 
 def _check_model(server: GuardedServer, model: str | None) -> None:
-    if model is not None and model != server.model_name:
+    """As vLLM: any served name (the first is the one answers carry) or the target URI; else 404."""
+    if model is not None and model not in server.model_names:
         raise HTTPError(
             404, "model_not_found", f"the model {model!r} does not exist (this server has {server.model_name!r})",
             param="model",
@@ -101,7 +103,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     """Embed texts and images (``image_url`` parts with ``data:`` URLs); one vector per input."""
     server = _server(request)
     _check_model(server, body.model)
-    items = embedding_items(body, server.config.max_items)
+    items = embedding_items(body, server.config.max_items, server.detokenize)
     _check_capability(server, items, Capability.EMBED_TEXT)
     if body.dimensions is not None and body.dimensions < 1:
         raise HTTPError(400, "dimensions_unsupported", "dimensions must be a positive integer", param="dimensions")
@@ -117,7 +119,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     tokens = sum(estimate_tokens(i.value) if i.modality == "text" else 1 for i in items)
     return json_response(
         {
+            "id": f"embd-{request.state.request_id}",
             "object": "list",
+            "created": int(time.time()),
             "data": [
                 {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                 for i, v in enumerate(vectors)
@@ -155,6 +159,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     text = await _guarded(
         lambda: server.run(partial(server.read_job, items), pixels=pixels, gone=_disconnected(request))
     )
+    limit = body.max_completion_tokens or body.max_tokens
+    finish = "stop"
+    if limit is not None:
+        text, cut = truncate_to_tokens(text, limit)
+        finish = "length" if cut else "stop"
     rid = request.state.request_id
     return json_response(
         {
@@ -162,7 +171,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "object": "chat.completion",
             "created": int(time.time()),
             "model": server.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
             "usage": {"prompt_tokens": len(items), "completion_tokens": estimate_tokens(text) if text else 0,
                       "total_tokens": len(items) + (estimate_tokens(text) if text else 0)},
         }
@@ -182,6 +191,23 @@ async def models(request: Request) -> Response:
 async def healthz() -> Response:
     """Liveness: 200 while the event loop answers (also to HEAD)."""
     return json_response({"status": "ok"})
+
+
+@router.get("/health", tags=["operations"], responses={503: {"model": ErrorBody}})
+async def health(request: Request) -> Response:
+    """vLLM's health probe: 200 with no body while the server runs a model that passed its load
+    check, else 503."""
+    server = _server(request)
+    ok, why, code = server.readiness()
+    if (not ok and code == "model_load_mismatch") or not server.running:
+        raise HTTPError(503, code, why)
+    return Response(status_code=200)
+
+
+@router.get("/version", tags=["operations"])
+async def version() -> Response:
+    """vLLM's version endpoint: the mmchaos version serving."""
+    return json_response({"version": __version__})
 
 
 @router.get("/readyz", tags=["operations"], responses={503: {"model": ErrorBody}})

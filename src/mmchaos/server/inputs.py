@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mmchaos.guard.preflight import estimate_tokens
 from mmchaos.server.errors import HTTPError
 from mmchaos.server.protocol import ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
 
-__all__ = ["Item", "bare_data_url_bytes", "embedding_items", "message_parts", "part_item"]
+__all__ = ["Item", "bare_data_url_bytes", "embedding_items", "message_parts", "part_item", "truncate_to_tokens"]
+
+#: Turns token ids into the text they stand for (``param`` names the input in errors).
+Detokenize = Callable[[Sequence[int], str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +53,24 @@ def part_item(part: Any, param: str) -> Item:
     return Item("text", str(part), param)
 
 
-def embedding_items(body: EmbeddingRequest, max_items: int) -> list[Item]:
+def embedding_items(body: EmbeddingRequest, max_items: int, detokenize: Detokenize) -> list[Item]:
     items: list[Item] = []
     if body.input is not None:
-        raw = [body.input] if isinstance(body.input, str) else body.input
+        raw: list[Any] = [body.input] if isinstance(body.input, str) else list(body.input)
+        if raw and isinstance(raw[0], int):  # one text as token ids
+            return [Item("text", detokenize(raw, "input"), "input")]
         if not raw:
             raise HTTPError(400, "empty_input", "'input' is an empty list", param="input")
         if len(raw) > max_items:
             raise HTTPError(413, "too_many_inputs", f"{len(raw)} inputs; the limit is {max_items}", param="input")
         for i, x in enumerate(raw):
-            items.append(Item("text", x, f"input[{i}]") if isinstance(x, str) else part_item(x, f"input[{i}]"))
+            where = f"input[{i}]"
+            if isinstance(x, str):
+                items.append(Item("text", x, where))
+            elif isinstance(x, list):
+                items.append(Item("text", detokenize(x, where), where))
+            else:
+                items.append(part_item(x, where))
         return items
     messages: list[ChatMessage] = body.messages or []
     parts = [p for i, m in enumerate(messages) for p in message_parts(m.content, f"messages[{i}]")]
@@ -70,3 +83,21 @@ def embedding_items(body: EmbeddingRequest, max_items: int) -> list[Item]:
             param="messages",
         )
     return [part_item(*parts[0])]
+
+
+def truncate_to_tokens(text: str, limit: int) -> tuple[str, bool]:
+    """The longest prefix of ``text`` (cut after a word where one fits) of at most ``limit`` tokens
+    as usage counts them (:func:`~mmchaos.guard.preflight.estimate_tokens`); and whether it was cut."""
+    if estimate_tokens(text) <= limit:
+        return text, False
+    best = ""
+    for match in re.finditer(r"\S+", text):
+        head = text[: match.end()]
+        if estimate_tokens(head) > limit:
+            break
+        best = head
+    if not best:  # the first word alone is too long: cut inside it
+        best = text.lstrip()[: 4 * limit]
+        while best and estimate_tokens(best) > limit:
+            best = best[:-1]
+    return best, True
