@@ -781,3 +781,12 @@ def test_tiny_clip_by_uri_and_by_its_own_token_ids() -> None:
             assert c.get("/readyz").status_code == 200  # its processor belongs to its weights
     finally:
         clip.close()
+
+
+def test_undeclared_methods_and_bodyless_answers_match_the_schema(client: httpx.Client) -> None:
+    # found by schemathesis against /openapi.json
+    assert_error(client.post("/v1/models"), 405, "method_not_allowed")  # not 415: no POST is documented there
+    refused = client.request("OPTIONS", "/healthz")
+    assert refused.status_code == 405 and "GET" in refused.headers["allow"]
+    spec = client.get("/openapi.json").json()
+    assert spec["paths"]["/health"]["get"]["responses"]["200"].get("content", {}) == {}

@@ -186,14 +186,19 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": [card]})
 
 
-@router.get("/healthz", tags=["operations"])
 @router.head("/healthz", include_in_schema=False)
+@router.get("/healthz", tags=["operations"])  # registered first: a 405 here says Allow: GET
 async def healthz() -> Response:
     """Liveness: 200 while the event loop answers (also to HEAD)."""
     return json_response({"status": "ok"})
 
 
-@router.get("/health", tags=["operations"], responses={503: {"model": ErrorBody}})
+_EMPTY_200: dict[int | str, dict[str, Any]] = {200: {"description": "healthy (no body)", "content": {}}}
+
+
+@router.get(
+    "/health", tags=["operations"], response_class=Response, responses={**_EMPTY_200, 503: {"model": ErrorBody}}
+)
 async def health(request: Request) -> Response:
     """vLLM's health probe: 200 with no body while the server runs a model that passed its load
     check, else 503."""
@@ -210,8 +215,8 @@ async def version() -> Response:
     return json_response({"version": __version__})
 
 
-@router.get("/readyz", tags=["operations"], responses={503: {"model": ErrorBody}})
 @router.head("/readyz", include_in_schema=False)
+@router.get("/readyz", tags=["operations"], responses={503: {"model": ErrorBody}})
 async def readyz(request: Request) -> Response:
     """Readiness: 503 while starting, draining for shutdown, with the breaker open (``not_ready``),
     or for good when the model failed its load check (``model_load_mismatch``)."""

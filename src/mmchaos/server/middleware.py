@@ -17,11 +17,13 @@ from mmchaos.server.engine import GuardedServer
 from mmchaos.server.errors import CLIENT_CLOSED, HTTPError
 from mmchaos.server.tracing import TRACEPARENT_HEADER, parse_traceparent
 
-__all__ = ["ENDPOINTS", "REQUEST_ID_HEADER", "RequestEdge"]
+__all__ = ["ENDPOINTS", "POST_ENDPOINTS", "REQUEST_ID_HEADER", "RequestEdge"]
 
 REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 _JSON_TYPES = ("application/json", "application/vnd.openai+json")
+#: The paths that take a JSON body; a POST elsewhere is the router's 404 or 405, unread.
+POST_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/chat/completions"})
 ENDPOINTS = frozenset(
     {
         "/v1/embeddings", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json",
@@ -81,7 +83,7 @@ class RequestEdge:
     ) -> None:
         refusal = self._refuse(scope, headers, path)
         body: bytes | None = None
-        if refusal is None and scope.get("method") == "POST":
+        if refusal is None and scope.get("method") == "POST" and path in POST_ENDPOINTS:
             body, refusal = await self._read_body(receive, headers)
             if body is None and refusal is None:
                 status[0] = CLIENT_CLOSED  # the client went away mid-upload: nobody to answer
@@ -99,7 +101,7 @@ class RequestEdge:
             scheme, _, key = auth.partition(" ")
             if scheme.lower() != "bearer" or key.strip() not in srv.api_keys:
                 return HTTPError(401, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
-        if scope.get("method") == "POST" and path.startswith("/v1/"):
+        if scope.get("method") == "POST" and path in POST_ENDPOINTS:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype not in _JSON_TYPES:
                 return HTTPError(
