@@ -681,6 +681,9 @@ def test_traceparent_is_continued_and_spans_are_exported(target: ControlledTarge
     assert server_span.parent is not None and format(server_span.parent.span_id, "016x") == parent
     assert server_span.attributes["http.response.status_code"] == 200
     assert server_span.attributes["mmchaos.request_id"] == resp.headers["x-request-id"]
+    # the guards' work, done in a worker thread, is part of the request's trace
+    checked = spans["mmchaos.preflight.text"]
+    assert checked.parent is not None and checked.parent.span_id == server_span.context.span_id
 
 
 # -- vLLM interop (issue 11): model names, /health, /version, ids, token ids, max_tokens -----------
@@ -790,3 +793,14 @@ def test_undeclared_methods_and_bodyless_answers_match_the_schema(client: httpx.
     assert refused.status_code == 405 and "GET" in refused.headers["allow"]
     spec = client.get("/openapi.json").json()
     assert spec["paths"]["/health"]["get"]["responses"]["200"].get("content", {}) == {}
+
+
+def test_otlp_export_without_the_exporter_is_a_clear_error(target: ControlledTarget) -> None:
+    import importlib.util
+
+    from mmchaos.errors import MissingDependencyError
+
+    if importlib.util.find_spec("opentelemetry.exporter") is not None:
+        pytest.skip("the OTLP exporter is installed here")
+    with pytest.raises(MissingDependencyError, match="opentelemetry-exporter-otlp-proto-http"):
+        create_app(target, ServerConfig(otlp_endpoint="http://127.0.0.1:4318/v1/traces"))

@@ -122,14 +122,24 @@ class GuardedServer:
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = ServerMetrics(self.registry)
         self.guards = cfg.guards
-        self.preflight = Preflight(cfg.contract, name="server", registry=self.registry)
+        self._own_provider = tracer_provider is None and cfg.otlp_endpoint is not None
+        if cfg.otlp_endpoint is not None and tracer_provider is None:
+            tracer_provider = otlp_tracer_provider(cfg.otlp_endpoint, f"mmchaos-serve:{self.model_name}")
+        self.tracer_provider = tracer_provider
+        self.tracer = RequestTracer(tracer_provider)
+        # The guards' spans go to the same provider, nested under the request's span.
+        guard_tracer = None if tracer_provider is None else tracer_provider.get_tracer("mmchaos.guard")
+        self.preflight = Preflight(cfg.contract, name="server", registry=self.registry, tracer=guard_tracer)
         self.breaker = CircuitBreaker(
             "model",
             cfg.breaker_config(),
             ignore_exceptions=(PreflightError, TargetCallError, CapabilityError),
             registry=self.registry,
+            tracer=guard_tracer,
         )
-        self.drift = DriftMonitor(cfg.drift, name="server", registry=self.registry, on_alarm=self._on_drift)
+        self.drift = DriftMonitor(
+            cfg.drift, name="server", registry=self.registry, on_alarm=self._on_drift, tracer=guard_tracer
+        )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
         self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels)
         #: Every name a request may give as ``model``: the served name, its aliases, the target URI.
@@ -140,12 +150,6 @@ class GuardedServer:
             "Start-ups whose model components do not belong together (the server stays unready).",
             registry=self.registry,
         )
-        self._own_provider = tracer_provider is None and cfg.otlp_endpoint is not None
-        if self._own_provider:
-            assert cfg.otlp_endpoint is not None
-            tracer_provider = otlp_tracer_provider(cfg.otlp_endpoint, f"mmchaos-serve:{self.model_name}")
-        self.tracer_provider = tracer_provider
-        self.tracer = RequestTracer(tracer_provider)
         self.model_lock = threading.Lock()
         self.pool: ThreadPoolExecutor | None = None
         self.started = time.time()
