@@ -804,3 +804,18 @@ def test_otlp_export_without_the_exporter_is_a_clear_error(target: ControlledTar
         pytest.skip("the OTLP exporter is installed here")
     with pytest.raises(MissingDependencyError, match="opentelemetry-exporter-otlp-proto-http"):
         create_app(target, ServerConfig(otlp_endpoint="http://127.0.0.1:4318/v1/traces"))
+
+
+def test_timed_out_work_never_reaches_the_model(target: ControlledTarget) -> None:
+    target.gate.clear()
+    config = ServerConfig(max_concurrency=2, request_timeout=0.5)
+    with ServerThread(target, config) as srv, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(partial_post(srv.url, {"input": "held"}))
+        assert target.entered.acquire(timeout=10.0)
+        with httpx.Client(base_url=srv.url, timeout=10.0) as c:
+            # decoded, then waits for the model lock behind the first request, and times out there
+            assert_error(c.post("/v1/embeddings", json={"input": "late"}), 504, "request_timeout")
+        target.gate.set()
+        assert first.result(20.0).status_code == 504  # it timed out too, inside the model
+        wait_until(lambda: srv.state.outstanding == 0)
+    assert target.calls == 1  # the late request's work was cancelled before its model call
