@@ -81,12 +81,16 @@ def test_serve_options_reach_the_server(subprocess_env: dict[str, str], tmp_path
     contract.write_text("max_text_bytes: 10\n")
     env = {**subprocess_env, "SERVE_KEY": "k-123"}
     proc, url = start(env, "--target", "py:tests.fakes:hash_embed", "--contract", str(contract),
-                      "--served-model-name", "clip", "--api-key-env", "SERVE_KEY", "--max-queue", "0")  # fmt: skip
+                      "--served-model-name", "clip", "--served-model-name", "clip-v2", "--api-key-env", "SERVE_KEY",
+                      "--max-queue", "0")  # fmt: skip
     try:
         auth = {"Authorization": "Bearer k-123"}
         assert httpx.post(f"{url}/v1/embeddings", json={"input": "x"}).status_code == 401
         ok = httpx.post(f"{url}/v1/embeddings", json={"model": "clip", "input": ""}, headers=auth)
         assert ok.status_code == 200  # empty texts are the model's business unless the contract says
+        for name in ("clip-v2", "py:tests.fakes:hash_embed"):  # an alias, and the target URI, as vLLM takes
+            named = httpx.post(f"{url}/v1/embeddings", json={"model": name, "input": "x"}, headers=auth)
+            assert named.status_code == 200 and named.json()["model"] == "clip", named.text
         long = httpx.post(f"{url}/v1/embeddings", json={"input": "longer than ten bytes"}, headers=auth)
         assert long.status_code == 413 and long.json()["error"]["code"] == "text_too_long"
         proc.send_signal(signal.SIGINT)

@@ -35,8 +35,14 @@ def serve_command(
     ] = 4,
     max_queue: Annotated[int, typer.Option("--max-queue", help="requests allowed to wait (429 beyond)", min=0)] = 64,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per request (504 past it)", min=0.001)] = 30.0,
-    model_name: Annotated[
-        str | None, typer.Option("--served-model-name", help="model id clients send (default: from the URI)")
+    model_names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--served-model-name",
+            help="model id clients send (default: from the URI); repeat for aliases, as vLLM takes several. "
+            "The target URI is always accepted too",
+            show_default=False,
+        ),
     ] = None,
     api_key_env: Annotated[
         str | None,
@@ -58,7 +64,8 @@ def serve_command(
         "max_queue": max_queue,
         "request_timeout": timeout,
         "guards": not no_guards,
-        "model_name": model_name,
+        "model_name": model_names[0] if model_names else None,
+        "model_aliases": tuple(model_names[1:]) if model_names else (),
     }
     if contract is not None:
         settings["contract"] = contract_from_yaml(contract)

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from mmchaos.errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from mmchaos.server.app import REQUEST_ID_HEADER, GuardedServer, create_app
+    from mmchaos.server.app import create_app
     from mmchaos.server.config import ServerConfig, contract_from_yaml
+    from mmchaos.server.engine import GuardedServer
+    from mmchaos.server.middleware import REQUEST_ID_HEADER
     from mmchaos.server.thread import ServerThread, serve
 
 __all__ = [
@@ -32,8 +34,8 @@ __all__ = [
 ]
 
 _MODULE_OF = {
-    "REQUEST_ID_HEADER": "mmchaos.server.app",
-    "GuardedServer": "mmchaos.server.app",
+    "REQUEST_ID_HEADER": "mmchaos.server.middleware",
+    "GuardedServer": "mmchaos.server.engine",
     "create_app": "mmchaos.server.app",
     "ServerConfig": "mmchaos.server.config",
     "contract_from_yaml": "mmchaos.server.config",

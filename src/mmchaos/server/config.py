@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from mmchaos.guard._config import build_config, load_yaml_config
 from mmchaos.guard.breaker import BreakerConfig
@@ -63,6 +63,38 @@ class ServerConfig(BaseModel):
     max_items: int = Field(default=64, ge=1, le=4096)
     #: When set, requests need ``Authorization: Bearer <key>`` with one of these keys (401 otherwise).
     api_keys: tuple[SecretStr, ...] = ()
+    #: Other names clients may send as ``model`` (vLLM's extra ``--served-model-name`` values); the
+    #: target URI is always accepted too.
+    model_aliases: tuple[str, ...] = ()
+    #: Decoded pixels one request may declare (the sum over its images, read from the image headers
+    #: before anything is decoded); more is refused with 413 ``request_pixels_too_large``.
+    max_request_pixels: int = Field(default=50_000_000, ge=1)
+    #: Decoded pixels all admitted requests may hold at once; a request that does not fit waits in
+    #: the queue (undecoded) like one waiting for a slot. At least ``max_request_pixels``.
+    max_inflight_pixels: int = Field(default=100_000_000, ge=1)
+    #: Seconds a connection may take to send a request's headers (slowloris); then it is closed.
+    header_timeout: float = Field(default=10.0, gt=0.0, le=3600.0)
+    #: Seconds a client may take to send a request's body once its headers arrived; then 408.
+    body_timeout: float = Field(default=30.0, gt=0.0, le=3600.0)
+    #: Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    keep_alive_timeout: float = Field(default=5.0, gt=0.0, le=3600.0)
+    #: Largest request line plus headers in bytes (uvicorn's ``h11_max_incomplete_event_size``).
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=2**20)
+    #: The validated model's component hashes (``weights``, ``tokenizer``, ``processor``,
+    #: ``config``; from a fingerprint or a report). A served model that differs never becomes ready.
+    expected_fingerprint: dict[str, str] | None = None
+    #: OTLP/HTTP traces endpoint (e.g. ``http://127.0.0.1:4318/v1/traces``): spans of every request
+    #: are exported there; needs ``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http``.
+    otlp_endpoint: str | None = Field(default=None, min_length=1, max_length=2048)
+
+    @model_validator(mode="after")
+    def _budgets(self) -> ServerConfig:
+        if self.max_inflight_pixels < self.max_request_pixels:
+            raise ValueError(
+                f"max_inflight_pixels ({self.max_inflight_pixels}) is below max_request_pixels "
+                f"({self.max_request_pixels}): a request at the limit could never be admitted"
+            )
+        return self
 
     def breaker_config(self) -> BreakerConfig:
         if self.breaker is not None:

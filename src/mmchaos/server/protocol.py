@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -51,6 +51,8 @@ class TextPart(_Lenient):
 
 
 ContentPart = Annotated[ImageURLPart | TextPart, Field(discriminator="type")]
+#: A token id of the target's tokenizer (JSON integers only; ``true`` is not 1).
+TokenId = Annotated[int, Strict()]
 
 
 class ChatMessage(_Lenient):
@@ -62,12 +64,14 @@ class EmbeddingRequest(_Lenient):
     """OpenAI's embeddings request, with images.
 
     ``input``: a string, or a list whose items are strings or content parts (one embedding per
-    item, in order; a ``{"type": "image_url", ...}`` item is an image). ``messages`` (vLLM's chat
-    embeddings form) is one conversation holding one image or one text: one embedding.
+    item, in order; a ``{"type": "image_url", ...}`` item is an image), or token ids of the target's
+    tokenizer as OpenAI takes them (a list of ints: one text; a list of such lists: one each).
+    ``messages`` (vLLM's chat embeddings form) is one conversation holding one image or one text:
+    one embedding.
     """
 
     model: str | None = None
-    input: str | list[str | ContentPart] | None = None
+    input: str | list[TokenId] | list[list[TokenId]] | list[str | ContentPart] | None = None
     messages: list[ChatMessage] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -87,8 +91,8 @@ class ChatCompletionRequest(_Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     n: int = 1
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1, description="longest reply, in usage's tokens")
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="OpenAI's newer name of max_tokens")
     temperature: float | None = None
     user: str | None = None
 
@@ -106,7 +110,9 @@ class Usage(BaseModel):
 
 
 class EmbeddingResponse(BaseModel):
+    id: str = Field(description="embd-<request id>")
     object: Literal["list"] = "list"
+    created: int = Field(description="Unix time of the answer")
     data: list[EmbeddingData]
     model: str
     usage: Usage
@@ -120,7 +126,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop"] = "stop"
+    finish_reason: Literal["stop", "length"] = Field("stop", description="length: cut at max_tokens")
 
 
 class ChatCompletionResponse(BaseModel):

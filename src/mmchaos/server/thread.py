@@ -8,19 +8,24 @@ running. ``/readyz`` answers 503 from the moment shutdown starts, so a load bala
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
+from typing import Any
 
+import h11
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mmchaos.errors import UsageError
-from mmchaos.server.app import GuardedServer, create_app
+from mmchaos.server.app import create_app
 from mmchaos.server.config import ServerConfig
+from mmchaos.server.engine import GuardedServer
 from mmchaos.targets.base import Target
 
 __all__ = ["ServerThread", "bind", "serve"]
@@ -73,7 +78,63 @@ class _Server(uvicorn.Server):
             self.mmchaos.draining = True
 
 
+class _HeaderDeadlineH11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading a request's headers (slowloris).
+
+    uvicorn times out idle keep-alive connections only between requests; a client that opens a
+    connection and sends its headers a byte at a time holds it forever. Here a connection waiting
+    for a request (h11's ``IDLE``) gets ``header_timeout`` seconds from its first byte (or from
+    connecting) to complete the headers, then it is closed without an answer. The body has its own
+    deadline in the app (``body_timeout``, answered 408).
+    """
+
+    header_timeout = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_deadline is None:
+            self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            self._arm()
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _h11_with_header_timeout(seconds: float) -> type[H11Protocol]:
+    return type("HeaderDeadlineH11", (_HeaderDeadlineH11,), {"header_timeout": seconds})
+
+
 def _uvicorn_config(app: FastAPI, graceful_timeout: float | None, log_level: str) -> uvicorn.Config:
+    state: GuardedServer | None = getattr(app.state, "mmchaos", None)
+    limits: dict[str, Any] = {}
+    if state is not None:
+        cfg = state.config
+        limits = {
+            "http": _h11_with_header_timeout(cfg.header_timeout),
+            "timeout_keep_alive": cfg.keep_alive_timeout,
+            "h11_max_incomplete_event_size": cfg.max_header_bytes,
+        }
     return uvicorn.Config(
         app,
         lifespan="on",
@@ -82,6 +143,7 @@ def _uvicorn_config(app: FastAPI, graceful_timeout: float | None, log_level: str
         access_log=False,
         timeout_graceful_shutdown=None if graceful_timeout is None else max(1, round(graceful_timeout)),
         server_header=False,
+        **limits,
     )
 
 

@@ -1,0 +1,103 @@
+"""A request's inputs as items (a text, or an image's data URL, and where it came from)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mmchaos.guard.preflight import estimate_tokens
+from mmchaos.server.errors import HTTPError
+from mmchaos.server.protocol import ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
+
+__all__ = ["Item", "bare_data_url_bytes", "embedding_items", "message_parts", "part_item", "truncate_to_tokens"]
+
+#: Turns token ids into the text they stand for (``param`` names the input in errors).
+Detokenize = Callable[[Sequence[int], str], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    modality: str  # "text" or "image"
+    value: str  # the text, or the image's data URL
+    param: str
+
+
+def bare_data_url_bytes(url: str) -> bytes:
+    """The guard-free path's data URL parsing: base64 only, no size checks."""
+    head, sep, payload = url.partition(",")
+    if not sep or not head.lower().startswith("data:") or not head.lower().endswith(";base64"):
+        raise HTTPError(400, "bad_data_url", "not a base64 data: URL")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise HTTPError(400, "bad_data_url", f"invalid base64: {exc}") from exc
+
+
+def message_parts(content: str | list[Any] | None, where: str) -> Iterable[tuple[Any, str]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [(TextPart(type="text", text=content), f"{where}.content")]
+    return [(part, f"{where}.content[{j}]") for j, part in enumerate(content)]
+
+
+def part_item(part: Any, param: str) -> Item:
+    if isinstance(part, ImageURLPart):
+        return Item("image", part.image_url.url, f"{param}.image_url.url")
+    if isinstance(part, TextPart):
+        return Item("text", part.text, f"{param}.text")
+    return Item("text", str(part), param)
+
+
+def embedding_items(body: EmbeddingRequest, max_items: int, detokenize: Detokenize) -> list[Item]:
+    items: list[Item] = []
+    if body.input is not None:
+        raw: list[Any] = [body.input] if isinstance(body.input, str) else list(body.input)
+        if raw and isinstance(raw[0], int):  # one text as token ids
+            return [Item("text", detokenize(raw, "input"), "input")]
+        if not raw:
+            raise HTTPError(400, "empty_input", "'input' is an empty list", param="input")
+        if len(raw) > max_items:
+            raise HTTPError(413, "too_many_inputs", f"{len(raw)} inputs; the limit is {max_items}", param="input")
+        for i, x in enumerate(raw):
+            where = f"input[{i}]"
+            if isinstance(x, str):
+                items.append(Item("text", x, where))
+            elif isinstance(x, list):
+                items.append(Item("text", detokenize(x, where), where))
+            else:
+                items.append(part_item(x, where))
+        return items
+    messages: list[ChatMessage] = body.messages or []
+    parts = [p for i, m in enumerate(messages) for p in message_parts(m.content, f"messages[{i}]")]
+    if len(parts) != 1:
+        raise HTTPError(
+            400,
+            "one_item_per_conversation",
+            f"a 'messages' request embeds exactly one image or one text, got {len(parts)} content parts "
+            "(send a batch as 'input' items)",
+            param="messages",
+        )
+    return [part_item(*parts[0])]
+
+
+def truncate_to_tokens(text: str, limit: int) -> tuple[str, bool]:
+    """The longest prefix of ``text`` (cut after a word where one fits) of at most ``limit`` tokens
+    as usage counts them (:func:`~mmchaos.guard.preflight.estimate_tokens`); and whether it was cut."""
+    if estimate_tokens(text) <= limit:
+        return text, False
+    best = ""
+    for match in re.finditer(r"\S+", text):
+        head = text[: match.end()]
+        if estimate_tokens(head) > limit:
+            break
+        best = head
+    if not best:  # the first word alone is too long: cut inside it
+        best = text.lstrip()[: 4 * limit]
+        while best and estimate_tokens(best) > limit:
+            best = best[:-1]
+    return best, True
