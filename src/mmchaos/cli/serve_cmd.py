@@ -54,6 +54,10 @@ def serve_command(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
     ] = False,
+    allow_missing_weights: Annotated[
+        bool,
+        typer.Option("--allow-missing-weights", help="let hf: targets load with weights left newly initialised"),
+    ] = False,
 ) -> None:
     """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
     from mmchaos.server import ServerConfig, contract_from_yaml, serve
@@ -75,7 +79,9 @@ def serve_command(
             raise ConfigError(f"--api-key-env {api_key_env}: the environment variable is not set")
         settings["api_keys"] = (key,)
     config = ServerConfig.build(**settings)
-    loaded = load_target(target, TargetOptions(trust_remote_code=trust_remote_code))
+    loaded = load_target(
+        target, TargetOptions(trust_remote_code=trust_remote_code, allow_missing_weights=allow_missing_weights)
+    )
     try:
         guards = "guards off" if no_guards else "guards on"
 
