@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -298,17 +297,6 @@ def test_select_by_names_groups_and_exclude() -> None:
         perturb.select(groups_=["wether"])
     with pytest.raises(UnknownNameError, match="gaussian_noise"):
         perturb.select(["gausian_noise"])
-
-
-def test_glass_blur_is_fast() -> None:
-    img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    p = perturb.get("glass_blur")
-    times = []
-    for _ in range(3):  # the best of three: the machine is shared
-        start = time.perf_counter()
-        p([img], severity=5, rng=0)
-        times.append(time.perf_counter() - start)
-    assert min(times) < 0.05, f"glass_blur took {min(times) * 1000:.1f} ms at 224x224 (budget 50 ms)"
 
 
 @pytest.mark.integration  # a child interpreter
