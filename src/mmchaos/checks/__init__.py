@@ -22,6 +22,8 @@ for _name, _spec in {
     "determinism": "mmchaos.checks.integration.determinism:Determinism",
     "fingerprint_match": "mmchaos.checks.integration.fingerprint_match:FingerprintMatch",
     "modality_coverage": "mmchaos.checks.integration.modality_coverage:ModalityCoverage",
+    "image_cache_isolation": "mmchaos.checks.integration.image_cache_isolation:ImageCacheIsolation",
+    "multi_turn_consistency": "mmchaos.checks.integration.multi_turn_consistency:MultiTurnConsistency",
     "serving_faults": "mmchaos.checks.serving.faults:ServingFaults",
     "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
     "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",

@@ -1,0 +1,103 @@
+"""Deliberately broken generative VLMs, each with one real bug, around real tiny VLMs.
+
+Each wraps (or subclasses) a genuine ``hf:`` tiny VLM built from config, so everything but the one
+bug runs the family's real processor, chat template and ``generate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mmchaos.targets.base import ImageArray
+from mmchaos.targets.generation import GenerationParams, GenerationResult, Message, as_messages
+from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+from mmchaos.targets.wrappers import DelegatingTarget
+
+__all__ = ["BatchBiasedVLM", "FirstImageOnlyVLM", "OneImageVLM", "TextKeyedCacheVLM"]
+
+
+def _text_of(messages: Sequence[Message]) -> str:
+    return "\x00".join(f"{m.role}:" + "".join(p for p in m.parts() if isinstance(p, str)) for m in messages)
+
+
+class TextKeyedCacheVLM(DelegatingTarget):
+    """A response cache keyed on the request's text alone: the second image under the same
+    question gets the first image's answer (the prefix-cache bug class)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.cache: dict[tuple[str, GenerationParams | None], GenerationResult] = {}
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        key = (_text_of(as_messages(prompt, images)), params)
+        if key not in self.cache:
+            self.cache[key] = super().generate(prompt, images, params)
+        return self.cache[key]
+
+
+class FirstImageOnlyVLM(DelegatingTarget):
+    """Answers every turn of a chat about the chat's first image (stale per-conversation features)."""
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        messages = as_messages(prompt, images)
+        pictures = [img for m in messages for img in m.images()]
+        if len(pictures) > 1:
+            first = pictures[0]
+            messages = [
+                Message(
+                    m.role,
+                    m.content
+                    if isinstance(m.content, str)
+                    else tuple(p if isinstance(p, str) else first for p in m.content),
+                )
+                for m in messages
+            ]
+        return super().generate(messages, (), params)
+
+
+class OneImageVLM(DelegatingTarget):
+    """Keeps only a request's first image and drops the others silently (as a server with a
+    one-image limit that truncates instead of refusing)."""
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        messages = as_messages(prompt, images)
+        kept: list[Message] = []
+        seen = 0
+        for m in messages:
+            parts = []
+            for part in m.parts():
+                if not isinstance(part, str):
+                    seen += 1
+                    if seen > 1:
+                        continue
+                parts.append(part)
+            kept.append(Message(m.role, tuple(parts) if not isinstance(m.content, str) else m.content))
+        return super().generate(kept, (), params)
+
+
+class _BatchBias:
+    """A logits processor that shifts scores by an amount that grows with the batch size."""
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        rows = int(scores.shape[0])
+        if rows == 1:
+            return scores
+        bias = scores.new_zeros(scores.shape[-1])
+        bias[(7 * rows) % scores.shape[-1]] = 50.0  # a batch-size-dependent token wins greedy decoding
+        return scores + bias
+
+
+class BatchBiasedVLM(HFVisionLanguageTarget):
+    """A real tiny VLM whose logits depend on how many requests share its batch."""
+
+    def _generate_kwargs(self, params: GenerationParams, prompt_len: int) -> dict[str, Any]:
+        kwargs = super()._generate_kwargs(params, prompt_len)
+        kwargs["logits_processor"] = [_BatchBias()]
+        return kwargs

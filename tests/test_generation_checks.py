@@ -1,0 +1,79 @@
+"""Step 4/5 generation checks on real tiny VLMs (built from config here): each check passes a
+clean tiny VLM and fails a broken one from ``tests/broken_vlms.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from mmchaos.checks.base import CheckContext
+from mmchaos.checks.integration.image_cache_isolation import ImageCacheIsolation
+from mmchaos.checks.integration.multi_turn_consistency import MultiTurnConsistency
+from mmchaos.data.shapes import make_shapes
+from mmchaos.findings import Finding, Verdict
+from mmchaos.runner import TimedTarget
+from mmchaos.targets import load_target
+from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+from mmchaos.targets.tiny_vlms import build_tiny_vlm
+from tests import broken_vlms as bv
+
+pytestmark = pytest.mark.integration
+
+DATA = make_shapes(8, seed=3, image_size=48)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_vlm("qwen2_vl", tmp_path_factory.mktemp("qwen2_vl"))
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_dir: Path) -> Iterator[HFVisionLanguageTarget]:
+    target = load_target(f"hf:{qwen_dir}")
+    assert isinstance(target, HFVisionLanguageTarget)
+    yield target
+    target.close()
+
+
+def run_check(check: Any, target: Any) -> list[Finding]:
+    ctx = CheckContext(target=TimedTarget(target), dataset=DATA, seed=0, check_id=check.name)
+    assert check.missing_capabilities(ctx.target) is None
+    return list(check.run(ctx))
+
+
+# -- image_cache_isolation ---------------------------------------------------------------------
+
+
+def test_image_cache_isolation_passes_a_clean_vlm(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(ImageCacheIsolation(), qwen)
+    assert finding.verdict == Verdict.PASS, finding.title
+    assert finding.metrics["with_logprobs"] == 1.0 and finding.metrics["requests"] == 9
+
+
+def test_image_cache_isolation_fails_a_cache_keyed_on_the_prompt_text(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(ImageCacheIsolation(), bv.TextKeyedCacheVLM(qwen))
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.metrics["shared_answers_same_text"] == 9  # 3 prompts x 3 image pairs
+    assert finding.metrics["shared_answers_same_image"] == 0
+    assert "prompt text alone" in (finding.message or "")
+
+
+# -- multi_turn_consistency --------------------------------------------------------------------
+
+
+def test_multi_turn_consistency_passes_a_clean_vlm(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(MultiTurnConsistency(), qwen)
+    assert finding.verdict == Verdict.PASS, finding.title
+    assert finding.metrics["first_image_changes_last_answer"] == 1.0
+
+
+def test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(MultiTurnConsistency(), bv.FirstImageOnlyVLM(qwen))
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.metrics["shared_last_answers"] == 3
