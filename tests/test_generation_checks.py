@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from mmchaos.checks.base import CheckContext
+from mmchaos.checks.engine.generation_batch_invariance import GenerationBatchInvariance
 from mmchaos.checks.integration.image_cache_isolation import ImageCacheIsolation
 from mmchaos.checks.integration.multi_turn_consistency import MultiTurnConsistency
 from mmchaos.data.shapes import make_shapes
@@ -77,3 +78,30 @@ def test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image(q
     [finding] = run_check(MultiTurnConsistency(), bv.FirstImageOnlyVLM(qwen))
     assert finding.verdict == Verdict.FAIL, finding.title
     assert finding.metrics["shared_last_answers"] == 3
+
+
+# -- generation_batch_invariance ---------------------------------------------------------------
+
+
+def test_generation_batch_invariance_passes_a_clean_left_padded_vlm(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(GenerationBatchInvariance(), qwen)
+    assert finding.verdict == Verdict.PASS, finding.title
+    assert finding.metrics["max_distinct_completions"] == 1 and finding.metrics["mismatched_probes"] == 0
+
+
+def test_generation_batch_invariance_fails_batch_dependent_logits(qwen_dir: Path) -> None:
+    broken = bv.BatchBiasedVLM(qwen_dir)
+    [finding] = run_check(GenerationBatchInvariance(), broken)
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.metrics["mismatched_probes"] == 2 and finding.metrics["earliest_divergence"] == 0
+    assert finding.metrics["max_distinct_completions"] >= 2
+
+
+def test_generation_batch_invariance_fails_right_padding(qwen: HFVisionLanguageTarget) -> None:
+    qwen.padding_side = "right"  # the classic decoder-only batching bug, through the real processor
+    try:
+        [finding] = run_check(GenerationBatchInvariance(), qwen)
+    finally:
+        qwen.padding_side = "left"
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.metrics["mismatched_probes"] >= 1
