@@ -3,7 +3,7 @@ clean tiny VLM and fails a broken one from ``tests/broken_vlms.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.engine.generation_batch_invariance import GenerationBatchInvariance
+from mmchaos.checks.engine.image_token_consistency import ImageTokenConsistency
 from mmchaos.checks.integration.image_cache_isolation import ImageCacheIsolation
 from mmchaos.checks.integration.multi_turn_consistency import MultiTurnConsistency
 from mmchaos.data.shapes import make_shapes
@@ -40,6 +41,23 @@ def qwen(qwen_dir: Path) -> Iterator[HFVisionLanguageTarget]:
     assert isinstance(target, HFVisionLanguageTarget)
     yield target
     target.close()
+
+
+@pytest.fixture(scope="module")
+def family_vlms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], HFVisionLanguageTarget]]:
+    """Loads one tiny VLM per family on first use, for this module (the checks leave models as they were)."""
+    loaded: dict[str, HFVisionLanguageTarget] = {}
+
+    def get(family: str) -> HFVisionLanguageTarget:
+        if family not in loaded:
+            target = load_target(f"hf:{build_tiny_vlm(family, tmp_path_factory.mktemp(family))}")
+            assert isinstance(target, HFVisionLanguageTarget)
+            loaded[family] = target
+        return loaded[family]
+
+    yield get
+    for target in loaded.values():
+        target.close()
 
 
 def run_check(check: Any, target: Any) -> list[Finding]:
@@ -105,3 +123,30 @@ def test_generation_batch_invariance_fails_right_padding(qwen: HFVisionLanguageT
         qwen.padding_side = "left"
     assert finding.verdict == Verdict.FAIL, finding.title
     assert finding.metrics["mismatched_probes"] >= 1
+
+
+# -- image_token_consistency -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "idefics3"])
+def test_image_token_consistency_passes_clean_vlms(
+    family: str, family_vlms: Callable[[str], HFVisionLanguageTarget]
+) -> None:
+    target = family_vlms(family)
+    findings = {f.evidence["part"]: f for f in run_check(ImageTokenConsistency(), target)}
+    assert findings["expansion"].verdict == Verdict.PASS, findings["expansion"].title
+    assert findings["expansion"].metrics["expected_two_images"] > 0
+    mismatch = findings["mismatch"]
+    assert mismatch.verdict == Verdict.PASS, mismatch.title
+    outcomes = mismatch.evidence["outcomes"]
+    assert outcomes["extra_placeholder"]["code"] == "processor_refused"
+    assert outcomes["placeholder_without_image"]["code"] == "processor_refused"
+
+
+def test_image_token_consistency_fails_a_vlm_that_drops_an_image(qwen: HFVisionLanguageTarget) -> None:
+    findings = {f.evidence["part"]: f for f in run_check(ImageTokenConsistency(), bv.OneImageVLM(qwen))}
+    expansion = findings["expansion"]
+    assert expansion.verdict == Verdict.FAIL, expansion.title
+    assert expansion.metrics["image_tokens_ab"] == expansion.metrics["image_tokens_a"]  # the second image vanished
+    assert findings["mismatch"].verdict == Verdict.FAIL  # the assistant-turn image is dropped silently too
+    assert findings["mismatch"].evidence["outcomes"]["image_in_assistant_turn"]["outcome"] == "answered"
