@@ -6,7 +6,9 @@ bug runs the family's real processor, chat template and ``generate``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mmchaos.targets.base import ImageArray
@@ -14,7 +16,14 @@ from mmchaos.targets.generation import GenerationParams, GenerationResult, Messa
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from mmchaos.targets.wrappers import DelegatingTarget
 
-__all__ = ["BatchBiasedVLM", "FirstImageOnlyVLM", "OneImageVLM", "TextKeyedCacheVLM"]
+__all__ = [
+    "BatchBiasedVLM",
+    "FirstImageOnlyVLM",
+    "OneImageVLM",
+    "TextKeyedCacheVLM",
+    "TruncatingLlava",
+    "shrink_context",
+]
 
 
 def _text_of(messages: Sequence[Message]) -> str:
@@ -101,3 +110,45 @@ class BatchBiasedVLM(HFVisionLanguageTarget):
         kwargs = super()._generate_kwargs(params, prompt_len)
         kwargs["logits_processor"] = [_BatchBias()]
         return kwargs
+
+
+def shrink_context(path: Path, positions: int) -> Path:
+    """Give a tiny VLM directory ``positions`` context positions (rotary models have no position
+    table, so only the config changes): a few images then fill the context."""
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for holder in (config, config.get("text_config") or {}):
+        if "max_position_embeddings" in holder or holder is config.get("text_config"):
+            holder["max_position_embeddings"] = positions
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+class TruncatingLlava(HFVisionLanguageTarget):
+    """LLaVA that truncates an over-long prompt to fit, cutting through image tokens and dropping
+    the images whose tokens were cut, without a word (the silent truncation bug)."""
+
+    reserve = 8  # positions left for generated tokens
+
+    def _check_context(self, prompt_len: int, params: GenerationParams) -> None:
+        return None  # the bug: no refusal, the prompt is cut instead (below)
+
+    def build_inputs(self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = ()) -> dict[str, Any]:
+        inputs = super().build_inputs(prompt, images)
+        keep = (self.context_tokens or 0) - self.reserve
+        ids = inputs["input_ids"]
+        if keep <= 0 or ids.shape[1] <= keep or self.image_token_id is None:
+            return inputs
+        per_image = int((ids == self.image_token_id).sum().item()) // max(int(inputs["pixel_values"].shape[0]), 1)
+        ids = ids[:, :keep]
+        left = int((ids == self.image_token_id).sum().item())
+        whole = left // per_image if per_image else 0
+        cut = left - whole * per_image  # tokens of a partly cut image: at the end of what is kept
+        keep -= cut
+        inputs["input_ids"] = inputs["input_ids"][:, :keep]
+        inputs["attention_mask"] = inputs["attention_mask"][:, :keep]
+        if whole:
+            inputs["pixel_values"] = inputs["pixel_values"][:whole]
+        else:
+            inputs.pop("pixel_values")
+        return inputs

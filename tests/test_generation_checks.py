@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.engine.generation_batch_invariance import GenerationBatchInvariance
+from mmchaos.checks.engine.image_context_boundary import ImageContextBoundary
 from mmchaos.checks.engine.image_token_consistency import ImageTokenConsistency
 from mmchaos.checks.integration.image_cache_isolation import ImageCacheIsolation
 from mmchaos.checks.integration.multi_turn_consistency import MultiTurnConsistency
@@ -150,3 +151,43 @@ def test_image_token_consistency_fails_a_vlm_that_drops_an_image(qwen: HFVisionL
     assert expansion.metrics["image_tokens_ab"] == expansion.metrics["image_tokens_a"]  # the second image vanished
     assert findings["mismatch"].verdict == Verdict.FAIL  # the assistant-turn image is dropped silently too
     assert findings["mismatch"].evidence["outcomes"]["image_in_assistant_turn"]["outcome"] == "answered"
+
+
+# -- image_context_boundary --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LLaVA with 96 positions: two images (8 image tokens) and a short text fill it."""
+    return bv.shrink_context(build_tiny_vlm("llava", tmp_path_factory.mktemp("llava96")), 96)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_image_context_boundary_passes_a_vlm_that_refuses_past_its_positions(
+    family: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = bv.shrink_context(build_tiny_vlm(family, tmp_path_factory.mktemp(f"{family}-short")), 128)
+    target = load_target(f"hf:{path}")
+    assert getattr(target, "context_tokens", None) == 128
+    [finding] = run_check(ImageContextBoundary(), target)
+    assert finding.verdict == Verdict.PASS, finding.title
+    assert finding.metrics["refused_over_limit"] == 6  # 3 over-limit lengths x 2 arrangements, all refused
+    codes = {c.get("code") for c in finding.evidence["cases"] if c.get("outcome") == "refused"}
+    assert codes == {"context_exceeded"}
+
+
+def test_image_context_boundary_fails_silent_image_truncation(short_llava_dir: Path) -> None:
+    broken = bv.TruncatingLlava(short_llava_dir)
+    [finding] = run_check(ImageContextBoundary(), broken)
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert "image tokens (images truncated or dropped silently)" in finding.title
+    assert "images_last" in finding.title  # text first, images at the end: the cut lands on them
+
+
+def test_image_context_boundary_skips_without_a_limit(qwen: HFVisionLanguageTarget) -> None:
+    limit, qwen.context_tokens = qwen.context_tokens, None
+    try:
+        [finding] = run_check(ImageContextBoundary(), qwen)
+    finally:
+        qwen.context_tokens = limit
+    assert finding.verdict == Verdict.SKIPPED and "context_tokens" in finding.title
