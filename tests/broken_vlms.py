@@ -22,6 +22,7 @@ __all__ = [
     "OneImageVLM",
     "TextKeyedCacheVLM",
     "TruncatingLlava",
+    "overflow_in_fp16",
     "shrink_context",
 ]
 
@@ -152,3 +153,19 @@ class TruncatingLlava(HFVisionLanguageTarget):
         else:
             inputs.pop("pixel_values")
         return inputs
+
+
+def overflow_in_fp16(path: Path, scale: float = 1e7) -> str:
+    """Scale the last language layer's MLP output weights of a tiny VLM directory past fp16's
+    range (65504): fp32 stays finite (the next RMSNorm rescales the residual), fp16 gets Inf.
+    Returns the scaled weight's name."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights_file = path / "model.safetensors"
+    weights = load_file(str(weights_file))
+    names = sorted(n for n in weights if "layers." in n and n.endswith("mlp.down_proj.weight") and "vision" not in n)
+    name = names[-1]
+    weights[name] = (weights[name].to(torch.float32) * scale).contiguous()
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    return name

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.engine.generation_batch_invariance import GenerationBatchInvariance
+from mmchaos.checks.engine.generation_precision import GenerationPrecision
 from mmchaos.checks.engine.image_context_boundary import ImageContextBoundary
 from mmchaos.checks.engine.image_token_consistency import ImageTokenConsistency
 from mmchaos.checks.integration.image_cache_isolation import ImageCacheIsolation
@@ -191,3 +192,30 @@ def test_image_context_boundary_skips_without_a_limit(qwen: HFVisionLanguageTarg
     finally:
         qwen.context_tokens = limit
     assert finding.verdict == Verdict.SKIPPED and "context_tokens" in finding.title
+
+
+# -- generation_precision ----------------------------------------------------------------------
+
+
+def test_generation_precision_passes_a_clean_vlm_and_restores_it(qwen: HFVisionLanguageTarget) -> None:
+    before = qwen.generate("Describe.", [DATA[0].load_image()])
+    findings = {f.evidence["dtype"]: f for f in run_check(GenerationPrecision(), qwen)}
+    assert set(findings) == {"float16", "bfloat16"}
+    for f in findings.values():
+        assert f.verdict == Verdict.PASS, f.title
+        assert f.metrics["nonfinite_requests"] == 0 and f.metrics["token_agreement"] >= 0.75
+    after = qwen.generate("Describe.", [DATA[0].load_image()])
+    assert before.token_ids == after.token_ids and before.logprobs == after.logprobs  # fp32 back bit for bit
+
+
+def test_generation_precision_fails_a_layer_that_overflows_in_fp16(tmp_path: Path) -> None:
+    path = build_tiny_vlm("qwen2_vl", tmp_path / "qwen-overflow")
+    scaled = bv.overflow_in_fp16(path)
+    target = load_target(f"hf:{path}")
+    findings = {f.evidence["dtype"]: f for f in run_check(GenerationPrecision(), target)}
+    fp16 = findings["float16"]
+    assert fp16.verdict == Verdict.FAIL, fp16.title
+    assert fp16.metrics["nonfinite_requests"] == 3
+    origin = fp16.evidence["nonfinite_origin"]["module"]  # e.g. model.language_model.layers.1.mlp.down_proj
+    assert origin.endswith(".layers." + scaled.split(".layers.")[1].removesuffix(".weight")), (origin, scaled)
+    assert findings["bfloat16"].verdict == Verdict.PASS  # bf16 has fp32's range: no overflow

@@ -1,0 +1,139 @@
+"""Step 4: greedy generation in fp16/bf16 against fp32: token agreement and the first NaN/Inf module.
+
+The target's torch module is cast in place to each low precision (``cast_module`` from the
+embedding precision check: the fp32 tensors are put back bit for bit) and the same greedy
+requests are generated again. Reported per dtype: exact-match rate, token agreement (the agreed
+prefix over the fp32 length, averaged over requests), the first divergent token, the largest
+logprob deviation over the agreed prefix, and -- when a logprob is NaN/Inf -- the first module,
+by qualified name, whose output stopped being finite (forward hooks during ``generate``).
+A non-finite output fails whatever the agreement; a model that merely drifts in bf16 after a
+few tokens is held to a looser agreement gate than fp16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from mmchaos._lazy import require
+from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.generation_inputs import first_divergence, probe_images
+from mmchaos.checks.engine.precision import cast_module, first_nonfinite_module
+from mmchaos.errors import TargetCallError
+from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability
+from mmchaos.targets.generation import Completion, GenerationParams, Message
+
+__all__ = ["GenerationPrecision"]
+
+DType = Literal["float16", "bfloat16"]
+_QUESTIONS = ("What is in this image?", "Describe the picture.", "What colour is the shape?")
+
+
+class GenerationPrecisionParams(Params):
+    dtypes: list[DType] = Field(default=["float16", "bfloat16"], min_length=1)
+    requests: int = Field(default=3, ge=1, le=32)
+    max_new_tokens: int = Field(default=8, ge=1, le=256)
+
+
+class GenerationPrecisionGate(Gate):
+    min_token_agreement: dict[str, float] = Field(
+        default_factory=lambda: {"float16": 0.9, "bfloat16": 0.75},
+        description="per dtype: mean agreed-prefix fraction of the fp32 greedy tokens",
+    )
+
+
+def _finite(c: Completion) -> bool:
+    return c.logprobs is None or bool(np.isfinite(np.asarray(c.logprobs, dtype=np.float64)).all())
+
+
+class GenerationPrecision(Check[GenerationPrecisionParams, GenerationPrecisionGate]):
+    """fp32 vs fp16/bf16 greedy generation: token agreement, first divergence, first NaN/Inf module."""
+
+    name = "generation_precision"
+    step = Step.ENGINE
+    requires = (frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),)
+    Params = GenerationPrecisionParams
+    Gate = GenerationPrecisionGate
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        torch = require("torch")
+        module = ctx.target.torch_module()
+        images = probe_images(ctx, p.requests)
+        requests = [[Message("user", (img, _QUESTIONS[i % len(_QUESTIONS)]))] for i, img in enumerate(images)]
+        params = GenerationParams(max_new_tokens=p.max_new_tokens, logprobs=True)
+        reference = [ctx.target.generate(r, params=params).completions[0] for r in requests]
+        for name in p.dtypes:
+            with cast_module(module, getattr(torch, name)):
+                try:
+                    low = [ctx.target.generate(r, params=params).completions[0] for r in requests]
+                except (TargetCallError, RuntimeError, NotImplementedError, TypeError) as exc:
+                    yield self.finding(
+                        ctx, Verdict.SKIPPED, f"{name}: generation not supported in this precision here",
+                        message=f"{type(exc).__name__}: {exc}"[:500], evidence={"dtype": name},
+                    )  # fmt: skip
+                    continue
+                origin = None
+                bad = [i for i, c in enumerate(low) if not _finite(c)]
+                if bad:
+
+                    def call(request: list[Message] = requests[bad[0]]) -> Any:
+                        return ctx.target.generate(request, params=params)
+
+                    origin = first_nonfinite_module(module, call)
+            yield self._compare(ctx, name, reference, low, bad, origin)
+
+    def _compare(
+        self, ctx: CheckContext, name: str, ref: list[Completion], low: list[Completion], bad: list[int], origin: Any
+    ) -> Finding:
+        agreements, divergences, deviations = [], [], []
+        for a, b in zip(ref, low, strict=True):
+            ta = a.token_ids if a.token_ids is not None else tuple(a.text)
+            tb = b.token_ids if b.token_ids is not None else tuple(b.text)
+            where = first_divergence(ta, tb)
+            agreed = len(ta) if where is None else where
+            agreements.append(agreed / max(len(ta), 1))
+            divergences.append(where)
+            if a.logprobs is not None and b.logprobs is not None and agreed:
+                dev = np.abs(np.asarray(a.logprobs[:agreed]) - np.asarray(b.logprobs[:agreed]))
+                deviations.append(float(np.nanmax(np.where(np.isfinite(dev), dev, np.inf))))
+        agreement = float(np.mean(agreements))
+        first = min((d for d in divergences if d is not None), default=None)
+        metrics = {"token_agreement": agreement,
+                   "exact_match_rate": float(np.mean([d is None for d in divergences])),
+                   "first_divergent_token": float(first) if first is not None else -1.0,
+                   "max_logprob_deviation": max(deviations, default=0.0),
+                   "nonfinite_requests": float(len(bad))}  # fmt: skip
+        evidence: dict[str, Any] = {"dtype": name, "seed": ctx.seed, "first_divergence_per_request": divergences,
+                                    "fp32": [c.text[:60] for c in ref], "low": [c.text[:60] for c in low]}  # fmt: skip
+        need = self.gate.min_token_agreement.get(name, 0.75)
+        gate = f"finite logprobs, token agreement >= {need:g}"
+        failures = []
+        if bad:
+            where = "no single module localised"
+            if origin is not None:
+                where = f"first produced by module '{origin.module}' ({origin.module_type}, input max |x| " \
+                        f"{origin.input_max_abs:.4g})"  # fmt: skip
+                evidence["nonfinite_origin"] = {"module": origin.module, "module_type": origin.module_type,
+                                                "input_max_abs": origin.input_max_abs, "request": bad[0]}  # fmt: skip
+            failures.append(f"NaN/Inf logprobs in {len(bad)} of {len(low)} requests, {where}")
+        if agreement < need:
+            failures.append(f"token agreement {agreement:.3f} < {need:g} (first divergence at token {first})")
+        if not failures:
+            return self.finding(
+                ctx, Verdict.PASS,
+                f"{name}: greedy tokens agree {agreement:.3f} with fp32 ({metrics['exact_match_rate']:.0%} exact; "
+                f"max logprob deviation {metrics['max_logprob_deviation']:.2g})",
+                metrics=metrics, gate=gate, evidence=evidence,
+            )  # fmt: skip
+        return self.finding(
+            ctx, Verdict.FAIL, f"{name}: " + "; ".join(failures),
+            severity=Severity.HIGH if bad else Severity.MEDIUM, metrics=metrics, gate=gate, evidence=evidence,
+            message="; ".join(failures),
+            suggestion="keep the named module (or the model) in fp32, rescale or clamp its activations, or serve "
+            "in bf16 (fp32 range) instead of fp16",
+        )  # fmt: skip
