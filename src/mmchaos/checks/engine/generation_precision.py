@@ -114,13 +114,13 @@ class GenerationPrecision(Check[GenerationPrecisionParams, GenerationPrecisionGa
         gate = f"finite logprobs, token agreement >= {need:g}"
         failures = []
         if bad:
-            where = "no single module localised"
+            source = "no single module localised"
             if origin is not None:
-                where = f"first produced by module '{origin.module}' ({origin.module_type}, input max |x| " \
+                source = f"first produced by module '{origin.module}' ({origin.module_type}, input max |x| " \
                         f"{origin.input_max_abs:.4g})"  # fmt: skip
                 evidence["nonfinite_origin"] = {"module": origin.module, "module_type": origin.module_type,
                                                 "input_max_abs": origin.input_max_abs, "request": bad[0]}  # fmt: skip
-            failures.append(f"NaN/Inf logprobs in {len(bad)} of {len(low)} requests, {where}")
+            failures.append(f"NaN/Inf logprobs in {len(bad)} of {len(low)} requests, {source}")
         if agreement < need:
             failures.append(f"token agreement {agreement:.3f} < {need:g} (first divergence at token {first})")
         if not failures:
