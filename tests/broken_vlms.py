@@ -6,6 +6,7 @@ bug runs the family's real processor, chat template and ``generate``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from mmchaos.targets.wrappers import DelegatingTarget
 __all__ = [
     "BatchBiasedVLM",
     "FirstImageOnlyVLM",
+    "ImageKeyedCacheVLM",
+    "NoLogprobs",
     "OneImageVLM",
     "TextKeyedCacheVLM",
     "TruncatingLlava",
@@ -169,3 +172,31 @@ def overflow_in_fp16(path: Path, scale: float = 1e7) -> str:
     weights[name] = (weights[name].to(torch.float32) * scale).contiguous()
     save_file(weights, str(weights_file), metadata={"format": "pt"})
     return name
+
+
+class ImageKeyedCacheVLM(DelegatingTarget):
+    """A response cache keyed on the request's images alone: a second question about the same
+    picture gets the first question's answer."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.cache: dict[bytes, GenerationResult] = {}
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        key = b"".join(img.tobytes() for m in as_messages(prompt, images) for img in m.images())
+        if key not in self.cache:
+            self.cache[key] = super().generate(prompt, images, params)
+        return self.cache[key]
+
+
+class NoLogprobs(DelegatingTarget):
+    """An endpoint that returns text and tokens but no logprobs (servers that refuse ``logprobs``)."""
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        result = super().generate(prompt, images, params)
+        completions = tuple(dataclasses.replace(c, logprobs=None) for c in result.completions)
+        return dataclasses.replace(result, completions=completions)

@@ -89,6 +89,20 @@ def test_image_cache_isolation_fails_a_cache_keyed_on_the_prompt_text(qwen: HFVi
     assert "prompt text alone" in (finding.message or "")
 
 
+def test_image_cache_isolation_fails_a_cache_keyed_on_the_image(qwen: HFVisionLanguageTarget) -> None:
+    [finding] = run_check(ImageCacheIsolation(), bv.ImageKeyedCacheVLM(qwen))
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.metrics["shared_answers_same_image"] == 9  # 3 images x 3 prompt pairs
+    assert finding.metrics["shared_answers_same_text"] == 0
+
+
+def test_image_cache_isolation_only_warns_when_texts_are_all_it_has(qwen: HFVisionLanguageTarget) -> None:
+    # Without logprobs a cache hit and an image-blind answer look alike: warn, do not fail.
+    [finding] = run_check(ImageCacheIsolation(), bv.TextKeyedCacheVLM(bv.NoLogprobs(qwen)))
+    assert finding.verdict == Verdict.WARN, finding.title
+    assert finding.metrics["with_logprobs"] == 0
+
+
 # -- multi_turn_consistency --------------------------------------------------------------------
 
 

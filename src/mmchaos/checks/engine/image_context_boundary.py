@@ -103,7 +103,7 @@ class ImageContextBoundary(Check[ImageContextBoundaryParams, ImageContextBoundar
         slope = max((more.prompt_tokens - p0) / probe, 1e-9)
         new = p.max_new_tokens
         targets = {"fits": limit - new - 1, "prompt_fits_generation_does_not": limit - max(new // 2, 1),
-                   "just_over": limit + 2, "twice_the_limit": 2 * limit}  # fmt: skip
+                   "just_over": limit + 2, "well_over": limit + max(limit // 4, 16)}  # fmt: skip
         out = []
         for case, total in targets.items():
             filler = min(max(math.ceil((total - p0) / slope), 0), p.max_filler)
