@@ -3,8 +3,10 @@
 Image tokens are a large, indivisible part of a VLM prompt. Requests with two images and a
 growing text are sent at lengths around the context limit (the target's ``context_tokens``, or
 the ``context_tokens`` parameter), with the images before the text and after it, so truncation
-from either side would reach them. Token counts are measured, not guessed: the prompt tokens of the
-images with no filler and with a little filler give each arrangement's base and slope.
+from either side would reach them; the farthest request is over the limit by a whole prompt
+without filler, so whatever a truncation cuts, it reaches the images. Token counts are measured,
+not guessed: the prompt tokens of the images with no filler and with a little filler give each
+arrangement's base and slope.
 
 Within the limit the target must answer with every image token. Past it (prompt plus
 ``max_new_tokens`` over the limit) the acceptable outcomes are a typed refusal before the model,
@@ -103,7 +105,7 @@ class ImageContextBoundary(Check[ImageContextBoundaryParams, ImageContextBoundar
         slope = max((more.prompt_tokens - p0) / probe, 1e-9)
         new = p.max_new_tokens
         targets = {"fits": limit - new - 1, "prompt_fits_generation_does_not": limit - max(new // 2, 1),
-                   "just_over": limit + 2, "well_over": limit + max(limit // 4, 16)}  # fmt: skip
+                   "just_over": limit + 2, "over_by_a_whole_prompt": limit + p0 + new}  # fmt: skip
         out = []
         for case, total in targets.items():
             filler = min(max(math.ceil((total - p0) / slope), 0), p.max_filler)
