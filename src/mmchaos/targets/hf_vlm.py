@@ -179,6 +179,9 @@ class HFVisionLanguageTarget(Target):
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
+        positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        self.context_tokens: int | None = int(positions) if positions else None
+        """The model's positions: a prompt plus ``max_new_tokens`` past them is refused, as vLLM does."""
         self.padding_side: Literal["left", "right"] = "left"
         """Where batched prompts are padded: left, as decoder-only generation needs (a right-padded
         batch is the classic bug the padding checks look for)."""
@@ -293,7 +296,16 @@ class HFVisionLanguageTarget(Target):
 
         return seeded()
 
+    def _check_context(self, prompt_len: int, params: GenerationParams) -> None:
+        if self.context_tokens is not None and prompt_len + params.max_new_tokens > self.context_tokens:
+            raise TargetCallError(
+                f"the prompt ({prompt_len} tokens, images expanded) plus max_new_tokens {params.max_new_tokens} "
+                f"exceeds the model's {self.context_tokens} positions",
+                code="context_exceeded",
+            )
+
     def _generate_kwargs(self, params: GenerationParams, prompt_len: int) -> dict[str, Any]:
+        self._check_context(prompt_len, params)
         pad = self.tokenizer.pad_token_id
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
