@@ -272,6 +272,36 @@ def test_a_loaded_target_fingerprints_and_its_capabilities_are_honest(
 
 #: check -> (test module, a test where a broken target fails it, a test where a correct one passes).
 CHECK_TESTS: dict[str, tuple[str, str, str]] = {
+    "generation_batch_invariance": (
+        "test_generation_checks",
+        "test_generation_batch_invariance_fails_batch_dependent_logits",
+        "test_generation_batch_invariance_passes_a_clean_left_padded_vlm",
+    ),
+    "generation_precision": (
+        "test_generation_checks",
+        "test_generation_precision_fails_a_layer_that_overflows_in_fp16",
+        "test_generation_precision_passes_a_clean_vlm_and_restores_it",
+    ),
+    "image_token_consistency": (
+        "test_generation_checks",
+        "test_image_token_consistency_fails_a_vlm_that_drops_an_image",
+        "test_image_token_consistency_passes_clean_vlms",
+    ),
+    "image_context_boundary": (
+        "test_generation_checks",
+        "test_image_context_boundary_fails_silent_image_truncation",
+        "test_image_context_boundary_passes_a_vlm_that_refuses_past_its_positions",
+    ),
+    "image_cache_isolation": (
+        "test_generation_checks",
+        "test_image_cache_isolation_fails_a_cache_keyed_on_the_prompt_text",
+        "test_image_cache_isolation_passes_a_clean_vlm",
+    ),
+    "multi_turn_consistency": (
+        "test_generation_checks",
+        "test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image",
+        "test_multi_turn_consistency_passes_a_clean_vlm",
+    ),
     "modality_coverage": (
         "test_modality_coverage",
         "test_each_untested_modality_is_a_warning_even_through_wrappers",
