@@ -85,8 +85,11 @@ def test_identical_models_are_compatible(good: Path, tmp_path: Path) -> None:
         (lambda d: (d / "model.safetensors").write_bytes(b"other weights"), "weights"),
         (lambda d: write(d / "config.json", {**CONFIG, "projection_dim": 64}), "config"),
         (lambda d: (d / "tokenizer_config.json").unlink() or (d / "tokenizer.json").unlink(), "tokenizer"),
+        # A VLM's chat template places the image tokens; a new one is a different pipeline.
+        (lambda d: (d / "chat_template.jinja").write_text("{{ messages }}"), "tokenizer"),
+        (lambda d: write(d / "generation_config.json", {"max_new_tokens": 7}), "config"),
     ],
-    ids=["tokenizer", "processor", "weights", "config", "tokenizer-missing"],
+    ids=["tokenizer", "processor", "weights", "config", "tokenizer-missing", "chat-template", "generation-config"],
 )
 def test_a_changed_component_is_refused_by_name(good: Path, tmp_path: Path, edit: Any, component: str) -> None:
     deployed = Path(shutil.copytree(good, tmp_path / "deployed"))

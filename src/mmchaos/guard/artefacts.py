@@ -8,6 +8,7 @@ library only: serving code imports it through :mod:`mmchaos.guard`.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ __all__ = [
     "component_hashes",
     "hash_file",
     "hash_files",
+    "package_versions",
 ]
 
 
@@ -67,9 +69,11 @@ TOKENIZER_FILES = (
     "spiece.model",
     "vocab.txt",
     "added_tokens.json",
+    "chat_template.jinja",  # a VLM's chat template decides where the image placeholders go
+    "chat_template.json",
 )
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "image_processor_config.json")
-CONFIG_FILES = ("config.json",)
+CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 def hash_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -97,3 +101,15 @@ def hash_files(paths: Sequence[Path]) -> str:
         digest.update(path.name.encode())
         digest.update(hash_file(path).encode())
     return digest.hexdigest()
+
+
+def package_versions(*packages: str) -> dict[str, str]:
+    """The installed version of each package ("absent" when it is not installed): the
+    ``versions`` of a fingerprint, so a report says which libraries read the artefacts."""
+    out = {}
+    for name in packages:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out

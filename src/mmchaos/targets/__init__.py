@@ -54,7 +54,8 @@ def _hf(rest: str, **options: Any) -> Target:
 
     Generative VLMs (their config names a generation head) go to ``hf_vlm``, the rest to ``hf``.
     """
-    from mmchaos.targets.hf_vlm import is_generative_config, local_dir, read_config
+    from mmchaos.targets.hf_vlm import is_generative_config
+    from mmchaos.targets.hub import local_dir, read_config
 
     path = local_dir(rest)
     if is_generative_config(read_config(path)):

@@ -10,7 +10,6 @@ torch-vs-ONNX Runtime differences measured at export.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import CapabilityError, ConfigError, TargetCallError
+from mmchaos.guard.artefacts import package_versions
 from mmchaos.targets.base import (
     CONFIG_FILES,
     PROCESSOR_FILES,
@@ -163,16 +163,6 @@ def _copy_preprocessing(target: Target, directory: Path) -> None:
         model.config.to_json_file(str(directory / "config.json"))
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in ("torch", "onnx", "onnxruntime", "transformers", "tokenizers", "numpy"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
 def _differences(target: Target, directory: Path) -> dict[str, float]:
     """Max |torch - ONNX Runtime| on the export's own sample inputs, end to end."""
 
@@ -224,7 +214,7 @@ def export_onnx(
         or getattr(text_cfg, "max_position_embeddings", None),
         "text_padding": getattr(target, "text_padding", True),
         "expected_components": component_hashes(directory),
-        "versions": _versions(),
+        "versions": package_versions("torch", "onnx", "onnxruntime", "transformers", "tokenizers", "numpy"),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     diffs = _differences(target, directory) if validate else {}

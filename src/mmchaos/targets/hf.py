@@ -14,19 +14,19 @@ those a batch needs (``padding``, and ``truncation=True`` where the processor sa
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.guard.artefacts import package_versions
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
+from mmchaos.targets.hub import local_dir
 
 __all__ = ["HFContrastiveTarget", "usable_positions"]
 
@@ -34,34 +34,6 @@ log = logging.getLogger(__name__)
 
 _NO_LIMIT = 1_000_000
 """A tokenizer ``model_max_length`` at or above this means "no limit" (transformers uses 1e30)."""
-
-
-def _versions(*packages: str) -> dict[str, str]:
-    out = {}
-    for name in packages:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
-def _local_dir(source: str) -> Path:
-    """The directory holding the model files: the path itself, or its local hub-cache snapshot."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise TargetLoadError(f"hf target {source!r} is a file; give the model directory")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, local_files_only=True))
-    except Exception as exc:  # huggingface_hub raises several unrelated types here
-        raise TargetLoadError(
-            f"hf target {source!r} is neither a directory nor in the local hub cache "
-            "(mmchaos never downloads; fetch it first or give a path)"
-        ) from exc
 
 
 def usable_positions(model: Any) -> int | None:
@@ -125,7 +97,7 @@ class HFContrastiveTarget(Target):
         self.torch = require("torch")
         transformers = require("transformers")
         self.uri = uri or f"hf:{source}"
-        self.path = _local_dir(source)
+        self.path = local_dir(source)
         self.device = device
         transformers.logging.disable_progress_bar()  # no tqdm bars inside mmchaos's own output
         self.model = self._load_model(transformers, trust_remote_code, use_safetensors, allow_missing_weights)
@@ -381,7 +353,7 @@ class HFContrastiveTarget(Target):
         if self._fingerprint is None:
             self._fingerprint = Fingerprint(
                 **component_hashes(self.path),
-                versions=_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
+                versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
             )
         return self._fingerprint
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.guard.artefacts import package_versions
 from mmchaos.targets.base import Capability, Fingerprint, ImageArray, Target, component_hashes
 from mmchaos.targets.generation import (
     Completion,
@@ -33,37 +34,11 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
+from mmchaos.targets.hub import read_config
 
-__all__ = ["HFVisionLanguageTarget", "is_generative_config", "local_dir", "read_config"]
+__all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
 _GENERATIVE_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "ForImageTextToText", "ForVision2Seq")
-
-
-def local_dir(source: str) -> Path:
-    """The directory holding the model files: the path itself, or its local hub-cache snapshot."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise TargetLoadError(f"hf target {source!r} is a file; give the model directory")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, local_files_only=True))
-    except Exception as exc:  # huggingface_hub raises several unrelated types here
-        raise TargetLoadError(
-            f"hf target {source!r} is neither a directory nor in the local hub cache "
-            "(mmchaos never downloads; fetch it first or give a path)"
-        ) from exc
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a model directory ({} when absent or unreadable: the loader reports it)."""
-    try:
-        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _architecture(config: dict[str, Any]) -> str:
@@ -89,16 +64,6 @@ def is_generative_config(config: dict[str, Any]) -> bool:
         return arch.endswith(_GENERATIVE_SUFFIXES) or arch in _image_text_to_text_names()[1]
     names, _ = _image_text_to_text_names()
     return str(config.get("model_type", "")) in names and "text_config" in config and "vision_config" in config
-
-
-def _versions(*packages: str) -> dict[str, str]:
-    out = {}
-    for name in packages:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return out
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -482,7 +447,7 @@ class HFVisionLanguageTarget(Target):
         if self._fingerprint is None:
             self._fingerprint = Fingerprint(
                 **component_hashes(self.path),
-                versions=_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
+                versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
             )
         return self._fingerprint
 

@@ -11,7 +11,6 @@ typed errors (step 1's contract), so it also serves as a reference adapter.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
+from mmchaos.guard.artefacts import package_versions
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
 
@@ -173,12 +173,7 @@ class OnnxTarget(Target):
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
-            versions = {}
-            for name in ("onnxruntime", "transformers", "tokenizers", "numpy"):
-                try:
-                    versions[name] = importlib.metadata.version(name)
-                except importlib.metadata.PackageNotFoundError:
-                    versions[name] = "absent"
+            versions = package_versions("onnxruntime", "transformers", "tokenizers", "numpy")
             self._fingerprint = Fingerprint(**component_hashes(self.path), versions=versions)
         return self._fingerprint
 

@@ -1,0 +1,42 @@
+"""Where a Hugging Face-style model's files are, and what its ``config.json`` says.
+
+Shared by the contrastive (``hf.py``) and generative (``hf_vlm.py``) loaders and by the ``hf:``
+scheme's dispatch between them. Never downloads: a hub id must already be in the local cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmchaos.errors import TargetLoadError
+
+__all__ = ["local_dir", "read_config"]
+
+
+def local_dir(source: str) -> Path:
+    """The directory holding the model files: the path itself, or its local hub-cache snapshot."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise TargetLoadError(f"hf target {source!r} is a file; give the model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception as exc:  # huggingface_hub raises several unrelated types here
+        raise TargetLoadError(
+            f"hf target {source!r} is neither a directory nor in the local hub cache "
+            "(mmchaos never downloads; fetch it first or give a path)"
+        ) from exc
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a model directory ({} when absent or unreadable: the loader reports it)."""
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
