@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.utils
 import hashlib
-import io
 import ipaddress
 import json
 import logging
 import os
 import random
-import re
 import socket
 import threading
 import time
@@ -62,12 +59,20 @@ from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import (
-    Completion,
-    FinishReason,
     GenerationParams,
     GenerationResult,
     Message,
     as_messages,
+)
+from mmchaos.targets.openai_wire import (
+    EndpointError,
+    chat_content,
+    choices_of,
+    completion_of,
+    data_url,
+    parse_retry_after,
+    png_bytes,
+    sse_deltas,
 )
 
 __all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
@@ -81,48 +86,6 @@ ImageInput = Literal["input", "messages", "data_url"]
 IMAGE_FORMS: tuple[ImageInput, ...] = ("messages", "input", "data_url")
 """The ways of sending an image to ``/embeddings`` that the probe tries, in this order."""
 _RETRY_STATUSES = frozenset({429, 503})
-_MAGIC = (
-    (b"\x89PNG", "image/png"),
-    (b"\xff\xd8", "image/jpeg"),
-    (b"GIF8", "image/gif"),
-    (b"RIFF", "image/webp"),
-    (b"BM", "image/bmp"),
-    (b"II*\x00", "image/tiff"),
-    (b"MM\x00*", "image/tiff"),
-)
-
-
-class EndpointError(RuntimeError):
-    """The endpoint failed: a 5xx answer (after retries), a timeout, a reset, an unreadable body.
-
-    Not an :class:`~mmchaos.errors.MMChaosError` on purpose: for the checks it is the deployment
-    crashing, not a typed refusal of the input.
-    """
-
-    def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent or invalid."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds or seconds == float("inf"):  # NaN, inf
-        return None
-    return max(0.0, seconds)
-
-
 Resolver = Callable[..., list[tuple[Any, ...]]]
 
 
@@ -173,40 +136,6 @@ def check_endpoint(
     return urlunsplit(("http", netloc, parts.path.rstrip("/"), parts.query, "")), parts.netloc
 
 
-def _mime(blob: bytes) -> str:
-    for magic, mime in _MAGIC:
-        if blob.startswith(magic):
-            return mime
-    return "application/octet-stream"
-
-
-def data_url(blob: bytes) -> str:
-    """``data:<mime>;base64,...`` of encoded image bytes, sent exactly as given."""
-    return f"data:{_mime(blob)};base64,{base64.b64encode(blob).decode('ascii')}"
-
-
-def png_bytes(image: Any, index: int = 0, *, variant: bool = False) -> bytes:
-    """An RGB uint8 array as lossless PNG (the server decodes exactly the same pixels).
-
-    ``variant`` gives other bytes for the same pixels (another compression level and a text
-    chunk): the probe's way of telling a server that decodes images from one that reads strings.
-    """
-    from PIL import Image, PngImagePlugin
-
-    from mmchaos.targets.decode import check_image_array
-
-    check_image_array(image, index, max_pixels=None)
-    buf = io.BytesIO()
-    picture = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8), "RGB")
-    if variant:
-        info = PngImagePlugin.PngInfo()
-        info.add_text("Comment", "mmchaos probe")
-        picture.save(buf, format="PNG", compress_level=9, pnginfo=info)
-    else:
-        picture.save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
-
-
 def _probe_images() -> tuple[ImageArray, ImageArray]:
     """Two clearly different small pictures (halves of red and blue; a green-yellow ramp)."""
     a = np.zeros((32, 32, 3), np.uint8)
@@ -226,18 +155,6 @@ def _same_vector(x: FloatArray, y: FloatArray) -> bool:
     if nx == 0.0 or ny == 0.0:
         return nx == ny
     return float(np.dot(x.ravel(), y.ravel())) / (nx * ny) >= 0.9999
-
-
-def _chat_content(message: Message) -> str | list[dict[str, Any]]:
-    if isinstance(message.content, str):
-        return message.content
-    parts: list[dict[str, Any]] = []
-    for i, part in enumerate(message.parts()):
-        if isinstance(part, str):
-            parts.append({"type": "text", "text": part})
-        else:
-            parts.append({"type": "image_url", "image_url": {"url": data_url(png_bytes(part, i))}})
-    return parts
 
 
 class OpenAITarget(Target):
@@ -661,7 +578,7 @@ class OpenAITarget(Target):
         messages = as_messages(prompt, images)
         payload: dict[str, Any] = {
             "model": self.model,
-            "messages": [{"role": m.role, "content": _chat_content(m)} for m in messages],
+            "messages": [{"role": m.role, "content": chat_content(m)} for m in messages],
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -684,7 +601,7 @@ class OpenAITarget(Target):
         params = params or GenerationParams()
         payload = self._chat_payload(prompt, images, params)
         body = self._post_chat(payload)
-        choices, prompt_tokens = _choices(body)
+        choices, prompt_tokens = choices_of(body)
         emulated = 0
         while len(choices) < params.n:
             # Servers that ignore n (Ollama-style) answer one choice: ask for the rest one at a time,
@@ -692,7 +609,7 @@ class OpenAITarget(Target):
             single = {**payload, "n": 1}
             if params.seed is not None:
                 single["seed"] = params.seed + len(choices)
-            more, _ = _choices(self._post_chat(single))
+            more, _ = choices_of(self._post_chat(single))
             choices.extend(dict(c, index=len(choices)) for c in more[:1])
             emulated += 1
         raw = [c.get("finish_reason") for c in choices]
@@ -700,7 +617,7 @@ class OpenAITarget(Target):
         if emulated:
             extra["n_emulated_requests"] = emulated
         return GenerationResult(
-            completions=tuple(_completion(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
+            completions=tuple(completion_of(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )
 
     def generate_batch(
@@ -750,7 +667,7 @@ class OpenAITarget(Target):
                     if resp.status_code >= 400:
                         resp.read()
                         self._raise_for_status(resp, path)
-                    yield from _sse_deltas(resp.iter_lines(), path)
+                    yield from sse_deltas(resp.iter_lines(), path)
             except httpx.TimeoutException as exc:
                 raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
             except httpx.HTTPError as exc:
@@ -798,61 +715,6 @@ class OpenAITarget(Target):
     def __repr__(self) -> str:
         key = "set" if self.has_api_key else "unset"
         return f"OpenAITarget({self.base_url!r}, model={self.model!r}, api_key={self.api_key_env}:{key})"
-
-
-_TOKEN_ID = re.compile(r"token_id:(\d+)")
-
-
-def _completion(choice: dict[str, Any]) -> Completion:
-    """One OpenAI chat choice as a Completion; token ids only where the server sends them
-    (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``token_id:N``)."""
-    content = choice["message"].get("content")
-    finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
-    logprobs = ids = None
-    entries = (choice.get("logprobs") or {}).get("content")
-    if isinstance(entries, list):
-        logprobs = tuple(float(e["logprob"]) for e in entries)
-        matches = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
-        if entries and all(matches):
-            ids = tuple(int(m.group(1)) for m in matches if m)
-    return Completion(text="" if content is None else str(content), finish_reason=finish, token_ids=ids,
-                      logprobs=logprobs)  # fmt: skip
-
-
-def _choices(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
-    """The choices of a chat answer in index order, and its prompt token count if given."""
-    try:
-        choices = sorted(body["choices"], key=lambda c: int(c.get("index", 0)))
-        for choice in choices:
-            _completion(choice)  # validates the shape now, not later
-        usage = body.get("usage")
-        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise EndpointError(f"POST /chat/completions: malformed answer ({exc!r})", code="bad_response") from None
-    if not choices:
-        raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
-    return choices, prompt_tokens if isinstance(prompt_tokens, int) else None
-
-
-def _sse_deltas(lines: Iterable[str], path: str) -> Iterator[str]:
-    """Content deltas of choice 0 from server-sent event lines, up to ``data: [DONE]``."""
-    for line in lines:
-        if not line.startswith("data:"):
-            continue  # comments, event names, keep-alives, blank separators
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise EndpointError(f"POST {path}: error in stream: {chunk['error']}", code="stream_error")
-            for choice in chunk.get("choices") or []:
-                delta = (choice.get("delta") or {}).get("content")
-                if int(choice.get("index", 0)) == 0 and delta:
-                    yield str(delta)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise EndpointError(f"POST {path}: malformed stream event ({exc})", code="bad_response") from None
-    raise EndpointError(f"POST {path}: the stream ended without [DONE]", code="stream_truncated")
 
 
 def load_openai(rest: str, **options: Any) -> OpenAITarget:
