@@ -6,8 +6,8 @@ word, so ``max_new_tokens``, stop strings, seeds and ``n`` all have exact expect
 stream yields exactly the text ``generate`` returns. The others break one thing each:
 
 - ``DropLastDeltaTarget``: its stream loses the last delta (the streamed text is shorter);
-- ``SlowStreamTarget``: streams a word every ``delay`` seconds, up to ``max_new_tokens`` words, and
-  records when its stream was closed (a client that left mid-stream);
+- ``SlowStreamTarget`` (honest): long answers streamed a word every ``delay`` seconds; it records
+  when its stream was closed (a client that left mid-stream);
 - ``UninterruptibleStreamTarget``: once its stream is closed it keeps "generating" for ``hold_s``
   seconds (a model call that cannot be interrupted): a server that waits for it holds the slot.
 """
@@ -108,7 +108,8 @@ class DropLastDeltaTarget(WordsTarget):
 
 
 class SlowStreamTarget(WordsTarget):
-    """Streams one word every ``delay`` seconds, ``max_new_tokens`` of them; records closes."""
+    """Honest but slow: answers ``w0 w1 ...`` up to ``max_new_tokens`` words, streamed one word every
+    ``delay`` seconds (the same text as ``generate``); records when its stream is closed early."""
 
     uri = "fake:slow-stream"
 
@@ -118,15 +119,18 @@ class SlowStreamTarget(WordsTarget):
         self.closed = threading.Event()
         self.streams_started = 0
 
+    def _words(self, messages: Sequence[Message]) -> list[str]:
+        return [f"w{i}" for i in range(10_000)]
+
     def generate_stream(
         self, prompt: str | Sequence[Message], images: Sequence[Any] = (), params: GenerationParams | None = None
     ) -> Iterator[str]:
-        params = params or GenerationParams()
         self.streams_started += 1
+        text = self.generate(prompt, images, params).text
         try:
-            for i in range(params.max_new_tokens):
+            for i, word in enumerate(text.split(" ")):
                 time.sleep(self.delay)
-                yield f"w{i} "
+                yield word if i == 0 else " " + word
         except GeneratorExit:
             self.closed.set()
             raise

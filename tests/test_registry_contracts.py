@@ -343,6 +343,11 @@ CHECK_TESTS: dict[str, tuple[str, str, str]] = {
         "test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries",
         "test_the_serving_suite_end_to_end_on_loopback",
     ),
+    "serving_streaming": (
+        "test_serving_streaming_check",
+        "test_a_stream_that_drops_its_last_delta_fails_equivalence",
+        "test_an_honest_streaming_target_passes",
+    ),
     "drift_detection": (
         "test_observability_checks",
         "test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks",

@@ -26,6 +26,7 @@ for _name, _spec in {
     "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
     "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",
     "serving_resilience": "mmchaos.checks.serving.resilience:ServingResilience",
+    "serving_streaming": "mmchaos.checks.serving.streaming:ServingStreaming",
     "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
     "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
 }.items():
