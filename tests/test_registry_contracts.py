@@ -353,6 +353,11 @@ CHECK_TESTS: dict[str, tuple[str, str, str]] = {
         "test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks",
         "test_drift_detection_passes_a_correct_target_with_real_clean_traffic",
     ),
+    "generation_drift": (
+        "test_generation_drift_check",
+        "test_answers_that_drift_on_clean_traffic_fail",
+        "test_an_honest_target_is_quiet_on_clean_traffic_and_its_shift_is_detected",
+    ),
     "metrics_exposure": (
         "test_observability_checks",
         "test_metrics_exposure_fails_an_endpoint_without_metrics",

@@ -29,5 +29,6 @@ for _name, _spec in {
     "serving_streaming": "mmchaos.checks.serving.streaming:ServingStreaming",
     "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
     "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
+    "generation_drift": "mmchaos.checks.observability.generation_drift:GenerationDrift",
 }.items():
     REGISTRY.register(_name, _spec)
