@@ -208,3 +208,15 @@ def test_a_full_server_refuses_a_second_stream_with_429() -> None:
             assert second.status_code == 429 and second.json()["error"]["code"] == "queue_full"
             rest = "".join(lines)
         assert rest.endswith("data: [DONE]")
+
+
+def test_the_bare_baseline_streams_too() -> None:
+    """--no-guards (the benchmark's baseline) serves the same chat, streamed or not."""
+    target = WordsTarget()
+    with ServerThread(target, ServerConfig(guards=False)) as srv:
+        client = load_target(f"openai:{srv.base_url}")
+        params = GenerationParams(max_new_tokens=5)
+        whole = client.generate("a b", [RED], params)
+        streamed = "".join(client.generate_stream("a b", [RED], params))
+        client.close()
+    assert whole.text == streamed == "red a b w0 w1"
