@@ -26,6 +26,7 @@ from mmchaos.guard.preflight import estimate_tokens
 from mmchaos.server.engine import GenerationStream, GuardedServer, _ClientGone, _unless_gone
 from mmchaos.server.errors import CLIENT_CLOSED, HTTPError, to_http_error
 from mmchaos.server.inputs import Turn, chat_turns
+from mmchaos.server.metrics import GenerationMetrics
 from mmchaos.server.protocol import ChatCompletionRequest
 from mmchaos.server.respond import disconnected, guarded, json_response
 from mmchaos.targets.generation import GenerationParams, GenerationResult
@@ -87,6 +88,12 @@ def _completion_tokens(completions: Sequence[Any]) -> int:
     return sum(estimate_tokens(c.text) if c.text else 0 for c in completions)
 
 
+def _metrics(server: GuardedServer) -> GenerationMetrics:
+    if server.generation is None:  # only a target without GENERATE has none, and it never gets here
+        raise HTTPError(400, "capability_missing", f"{server.model_name} does not generate")
+    return server.generation
+
+
 async def generative_chat(server: GuardedServer, body: ChatCompletionRequest, request: Request) -> Response:
     """``/v1/chat/completions`` for a target with the ``generate`` capability."""
     arrived = time.perf_counter()
@@ -110,9 +117,10 @@ async def generative_chat(server: GuardedServer, body: ChatCompletionRequest, re
     ]
     prompt_tokens = _prompt_tokens(result, turns)
     completion_tokens = _completion_tokens(completions)
+    metrics = _metrics(server)
     for c in completions:
-        server.generation.success.labels(server.model_name, c.finish_reason).inc()
-    server.generation.finished_tokens(prompt_tokens, completion_tokens, time.perf_counter() - arrived)
+        metrics.success.labels(server.model_name, c.finish_reason).inc()
+    metrics.finished_tokens(prompt_tokens, completion_tokens, time.perf_counter() - arrived)
     return json_response(
         {
             "id": f"chatcmpl-{rid}",
@@ -204,7 +212,7 @@ class SSEResponse(Response):
                 self.stream.cancel()
 
     async def _run(self, scope: Scope, watcher: asyncio.Future[None], send: Send) -> None:
-        metrics = self.server.generation
+        metrics = _metrics(self.server)
         timeout = self.server.config.request_timeout
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
 

@@ -146,9 +146,13 @@ class GuardedServer:
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
         self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels)
-        self.generation = GenerationMetrics(self.registry, self.model_name)
-        self.generation.running.labels(self.model_name).set_function(lambda: self.admission.active)
-        self.generation.waiting.labels(self.model_name).set_function(lambda: len(self.admission.waiters))
+        #: vLLM's generation metrics, for a target that generates (an embeddings server has none: a
+        #: vllm:* latency series that never moves would read as a broken exporter).
+        self.generation: GenerationMetrics | None = None
+        if target.has(Capability.GENERATE):
+            self.generation = GenerationMetrics(self.registry, self.model_name)
+            self.generation.running.labels(self.model_name).set_function(lambda: self.admission.active)
+            self.generation.waiting.labels(self.model_name).set_function(lambda: len(self.admission.waiters))
         #: Every name a request may give as ``model``: the served name, its aliases, the target URI.
         self.model_names = frozenset({self.model_name, *cfg.model_aliases, *([target.uri] if target.uri else [])})
         self.load_mismatch: str | None = None
@@ -428,13 +432,13 @@ class GuardedServer:
             loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), delta))
 
         work = partial(contextvars.copy_context().run, job, cancel, emit)
-        pool = self.pool
-        if pool is None:
-            raise HTTPError(503, "not_ready", "the server is not running")
-        if self.load_mismatch is not None:
-            raise HTTPError(503, "model_load_mismatch", self.load_mismatch)
         watcher = asyncio.ensure_future(gone) if gone is not None else None
         try:
+            pool = self.pool
+            if pool is None:
+                raise HTTPError(503, "not_ready", "the server is not running")
+            if self.load_mismatch is not None:
+                raise HTTPError(503, "model_load_mismatch", self.load_mismatch)
             if self.guards:
                 await self._admit(pixels, watcher, loop.time() + self.config.request_timeout)
             fut = self._submit(pool, work, pixels, admitted=self.guards)
