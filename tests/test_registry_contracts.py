@@ -373,10 +373,20 @@ CHECK_TESTS: dict[str, tuple[str, str, str]] = {
         "test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries",
         "test_the_serving_suite_end_to_end_on_loopback",
     ),
+    "serving_streaming": (
+        "test_serving_streaming_check",
+        "test_a_stream_that_drops_its_last_delta_fails_equivalence",
+        "test_an_honest_streaming_target_passes",
+    ),
     "drift_detection": (
         "test_observability_checks",
         "test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks",
         "test_drift_detection_passes_a_correct_target_with_real_clean_traffic",
+    ),
+    "generation_drift": (
+        "test_generation_drift_check",
+        "test_answers_that_drift_on_clean_traffic_fail",
+        "test_an_honest_target_is_quiet_on_clean_traffic_and_its_shift_is_detected",
     ),
     "metrics_exposure": (
         "test_observability_checks",

@@ -32,7 +32,9 @@ for _name, _spec in {
     "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
     "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",
     "serving_resilience": "mmchaos.checks.serving.resilience:ServingResilience",
+    "serving_streaming": "mmchaos.checks.serving.streaming:ServingStreaming",
     "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
     "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
+    "generation_drift": "mmchaos.checks.observability.generation_drift:GenerationDrift",
 }.items():
     REGISTRY.register(_name, _spec)

@@ -61,6 +61,10 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(default=32 * 2**20, ge=1024)
     #: Most inputs in one embeddings request (413 above).
     max_items: int = Field(default=64, ge=1, le=4096)
+    #: Tokens a chat completion of a generative target may generate when the request names no
+    #: ``max_tokens``; a request asking for more than ``max_tokens_limit`` is 400 ``max_tokens_too_large``.
+    default_max_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    max_tokens_limit: int = Field(default=4096, ge=1, le=1_000_000)
     #: When set, requests need ``Authorization: Bearer <key>`` with one of these keys (401 otherwise).
     api_keys: tuple[SecretStr, ...] = ()
     #: Other names clients may send as ``model`` (vLLM's extra ``--served-model-name`` values); the

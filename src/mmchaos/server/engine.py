@@ -42,20 +42,24 @@ from mmchaos.guard.slo import BurnRateSLO
 from mmchaos.server.admission import Admission
 from mmchaos.server.config import ServerConfig
 from mmchaos.server.errors import CLIENT_CLOSED, BadModelOutput, HTTPError, RequestCancelled
-from mmchaos.server.inputs import Item, bare_data_url_bytes
-from mmchaos.server.metrics import ServerMetrics
+from mmchaos.server.inputs import Item, Turn, bare_data_url_bytes
+from mmchaos.server.metrics import GenerationMetrics, ServerMetrics
 from mmchaos.server.pixels import declared_pixels
 from mmchaos.server.tracing import RequestTracer, otlp_tracer_provider
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["GuardedServer", "load_mismatch", "served_model_name"]
+__all__ = ["GenerationStream", "GuardedServer", "load_mismatch", "served_model_name"]
 
 log = logging.getLogger("mmchaos.server")
 
 # Preprocessing seconds of the model call running in this thread (see GuardedServer._hook_preprocess).
 _PREPROCESS: ContextVar[list[float] | None] = ContextVar("mmchaos_server_preprocess", default=None)
-_SERVED_CAPABILITIES = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT})
+_SERVED_CAPABILITIES = frozenset(
+    {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
+)
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 T = TypeVar("T")
 FloatArray = npt.NDArray[np.float32]
@@ -133,7 +137,7 @@ class GuardedServer:
         self.breaker = CircuitBreaker(
             "model",
             cfg.breaker_config(),
-            ignore_exceptions=(PreflightError, TargetCallError, CapabilityError),
+            ignore_exceptions=(PreflightError, TargetCallError, CapabilityError, RequestCancelled),
             registry=self.registry,
             tracer=guard_tracer,
         )
@@ -142,6 +146,13 @@ class GuardedServer:
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
         self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels)
+        #: vLLM's generation metrics, for a target that generates (an embeddings server has none: a
+        #: vllm:* latency series that never moves would read as a broken exporter).
+        self.generation: GenerationMetrics | None = None
+        if target.has(Capability.GENERATE):
+            self.generation = GenerationMetrics(self.registry, self.model_name)
+            self.generation.running.labels(self.model_name).set_function(lambda: self.admission.active)
+            self.generation.waiting.labels(self.model_name).set_function(lambda: len(self.admission.waiters))
         #: Every name a request may give as ``model``: the served name, its aliases, the target URI.
         self.model_names = frozenset({self.model_name, *cfg.model_aliases, *([target.uri] if target.uri else [])})
         self.load_mismatch: str | None = None
@@ -350,39 +361,94 @@ class GuardedServer:
         loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout
         deadline = loop.time() + timeout
+        await self._admit(pixels, watcher, deadline)
+        fut = self._submit(pool, work, pixels, admitted=True)
+        try:
+            return await _unless_gone(asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time())), watcher)
+        except TimeoutError as exc:
+            raise HTTPError(504, "request_timeout", f"the request took longer than {timeout:g}s") from exc
+
+    async def _admit(self, pixels: int, watcher: asyncio.Future[Any] | None, deadline: float) -> None:
+        """A slot and ``pixels`` of the budget by ``deadline`` (loop time): else 504, 429 or _ClientGone."""
         self.metrics.queued.inc()
         try:
             await _unless_gone(self.admission.enter(deadline, self.retry_after, pixels), watcher)
         except TimeoutError as exc:
             raise HTTPError(
-                504, "request_timeout", f"no slot freed up within the {timeout:g}s request timeout"
+                504, "request_timeout", f"no slot freed up within the {self.config.request_timeout:g}s request timeout"
             ) from exc
         finally:
             self.metrics.queued.dec()
-        self.metrics.inflight.inc()
+
+    def _submit(
+        self, pool: ThreadPoolExecutor, work: Callable[[], T], pixels: int, *, admitted: bool
+    ) -> asyncio.Future[T]:
+        """Start ``work`` in the pool; an admitted request's slot and pixels are held until it really ends."""
+        loop = asyncio.get_running_loop()
+        if admitted:
+            self.metrics.inflight.inc()
         started = time.perf_counter()
         try:
             fut = loop.run_in_executor(pool, work)
         except BaseException:
-            self.admission.release(pixels)
-            self.metrics.inflight.dec()
+            if admitted:
+                self.admission.release(pixels)
+                self.metrics.inflight.dec()
             raise
         self.outstanding += 1
 
         def done(f: asyncio.Future[T]) -> None:
             # The slot and the pixels are held until the work really ends, even after a 504.
             self.outstanding -= 1
-            self.admission.release(pixels)
-            self.metrics.inflight.dec()
-            self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * (time.perf_counter() - started)
+            if admitted:
+                self.admission.release(pixels)
+                self.metrics.inflight.dec()
+                self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * (time.perf_counter() - started)
             if not f.cancelled():
                 f.exception()  # retrieved: a late failure after a 504 is not an unhandled error
 
         fut.add_done_callback(done)
+        return fut
+
+    async def open_stream(
+        self,
+        job: Callable[[threading.Event, Callable[[str], None]], object],
+        *,
+        pixels: int = 0,
+        gone: Awaitable[object] | None = None,
+    ) -> GenerationStream:
+        """Admit a streamed request and start ``job(cancel, emit)`` in a worker thread.
+
+        Admission as :meth:`run` (429, 504 while waiting, 499 when the client leaves first). The job
+        calls ``emit(delta)`` for each piece of text; the caller reads them from the returned stream
+        and calls :meth:`GenerationStream.cancel` when its client goes away: the job stops at its
+        next delta and the slot is given back when it really ends.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, object]] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def emit(delta: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (time.perf_counter(), delta))
+
+        work = partial(contextvars.copy_context().run, job, cancel, emit)
+        watcher = asyncio.ensure_future(gone) if gone is not None else None
         try:
-            return await _unless_gone(asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time())), watcher)
-        except TimeoutError as exc:
-            raise HTTPError(504, "request_timeout", f"the request took longer than {timeout:g}s") from exc
+            pool = self.pool
+            if pool is None:
+                raise HTTPError(503, "not_ready", "the server is not running")
+            if self.load_mismatch is not None:
+                raise HTTPError(503, "model_load_mismatch", self.load_mismatch)
+            if self.guards:
+                await self._admit(pixels, watcher, loop.time() + self.config.request_timeout)
+            fut = self._submit(pool, work, pixels, admitted=self.guards)
+        except _ClientGone as exc:
+            raise HTTPError(CLIENT_CLOSED, "client_disconnected", "the client closed the connection") from exc
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        fut.add_done_callback(lambda f: queue.put_nowait((time.perf_counter(), f)))
+        return GenerationStream(queue, cancel)
 
     def _model(
         self,
@@ -495,3 +561,134 @@ class GuardedServer:
         images = [v for v, item in zip(values, items, strict=True) if item.modality == "image"]
         texts = self._model("image", self.target.read_text, images, self._check_texts, cancel)
         return "\n".join(texts)
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def _chat_messages(self, turns: Sequence[Turn], cancel: threading.Event) -> list[Message]:
+        """The turns' inputs checked and decoded (Preflight), as the target's messages."""
+        flat = [item for turn in turns for item in turn.items]
+        values = iter(self._decode(flat, cancel))
+        messages = []
+        for turn in turns:
+            parts = tuple(next(values) for _ in turn.items)
+            role = _ROLES[turn.role]
+            content: str | tuple[Any, ...] = (parts[0] if parts else "") if turn.plain else parts
+            messages.append(Message(role, content))  # type: ignore[arg-type]
+        return messages
+
+    @staticmethod
+    def _check_generation(out: Any, n: int) -> GenerationResult:
+        if not isinstance(out, GenerationResult) or len(out.completions) < n:
+            got = len(out.completions) if isinstance(out, GenerationResult) else type(out).__name__
+            raise BadModelOutput("bad_model_output", f"the model returned {got} completions for n={n}")
+        for c in out.completions[:n]:
+            if not isinstance(c.text, str):
+                raise BadModelOutput("bad_model_output", f"the model returned {type(c.text).__name__} as text")
+            if c.logprobs is not None and any(math.isnan(x) or x == math.inf for x in c.logprobs):
+                raise BadModelOutput("non_finite_output", "the model returned NaN or +inf token logprobs")
+        return out
+
+    def generate_job(
+        self, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
+    ) -> tuple[GenerationResult, list[list[str]] | None]:
+        """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
+        model lock, as ``token_id:N`` with ``token_ids``)."""
+        messages = self._chat_messages(turns, cancel)
+
+        def call(m: list[Message]) -> tuple[GenerationResult, list[list[str]] | None]:
+            result = self._check_generation(self.target.generate(m, (), params), params.n)
+            if not params.logprobs:
+                return result, None
+            return result, [self.token_texts(c.token_ids or (), token_ids) for c in result.completions[: params.n]]
+
+        answer: tuple[GenerationResult, list[list[str]] | None] = self._model("chat", call, messages, _as_is, cancel)
+        return answer
+
+    def token_texts(self, ids: Sequence[int], as_ids: bool) -> list[str]:
+        """Each token's text by the target's tokenizer (``token_id:N`` with ``as_ids``, vLLM's form)."""
+        decode = getattr(self.tokenizer(), "decode", None)
+        if as_ids or not callable(decode):
+            return [f"token_id:{i}" for i in ids]
+        return [str(decode([i], skip_special_tokens=False)) for i in ids]
+
+    def stream_job(
+        self, turns: Sequence[Turn], params: GenerationParams, cancel: threading.Event, emit: Callable[[str], None]
+    ) -> int | None:
+        """Decode, then stream the target's deltas through ``emit`` under the model lock and breaker.
+
+        A cancelled request (its client left) stops at its next delta and closes the target's
+        stream, so the model and the slot go to the next request.
+        """
+        messages = self._chat_messages(turns, cancel)
+
+        def run(msgs: list[Message]) -> int | None:
+            deltas = self.target.generate_stream(msgs, (), params)
+            sent: list[str] = []
+            try:
+                for delta in deltas:
+                    if cancel.is_set():
+                        raise RequestCancelled()
+                    if not isinstance(delta, str):
+                        raise BadModelOutput("bad_model_output", f"the model streamed {type(delta).__name__}, not text")
+                    if delta:
+                        emit(delta)
+                        sent.append(delta)
+            finally:
+                close = getattr(deltas, "close", None)
+                if callable(close):
+                    close()
+            return self.count_tokens("".join(sent))
+
+        counted: int | None = self._model("chat", run, messages, _as_is, cancel)
+        return counted
+
+    def tokenizer(self) -> Any:
+        """The target's tokenizer, if it has one (hf:, onnx:, builtin: targets)."""
+        return getattr(unwrap(self.target), "tokenizer", None)
+
+    def count_tokens(self, text: str) -> int | None:
+        """``text``'s tokens by the target's tokenizer (None without one). Called under the model
+        lock: fast tokenizers are not thread-safe."""
+        encode = getattr(self.tokenizer(), "encode", None)
+        if not text or not callable(encode):
+            return 0 if not text else None
+        try:
+            return len(encode(text, add_special_tokens=False))
+        except Exception:  # a tokenizer that cannot take this text: the caller estimates
+            return None
+
+
+def _as_is(out: T, n: int) -> T:
+    """The output check of calls that checked their output themselves."""
+    return out
+
+
+class GenerationStream:
+    """The events of one streamed job: ``(time, delta)`` as the model produces them, then the end."""
+
+    def __init__(self, queue: asyncio.Queue[tuple[float, object]], cancel: threading.Event) -> None:
+        self._queue = queue
+        self._cancel = cancel
+        self.finished = False
+        self.result: object = None
+        """What the job returned (the stream job: its completion tokens, where the tokenizer counted them)."""
+
+    async def next(self, timeout: float) -> tuple[float, str] | None:
+        """The next delta with its time (perf_counter), or None at the end; the job's error is raised
+        here, and TimeoutError when nothing came within ``timeout`` seconds."""
+        stamp, event = await asyncio.wait_for(self._queue.get(), timeout)
+        if isinstance(event, str):
+            return stamp, event
+        self.finished = True
+        assert isinstance(event, asyncio.Future)
+        if event.cancelled():
+            raise RequestCancelled()
+        exc = event.exception()
+        if exc is not None:
+            raise exc
+        self.result = event.result()
+        return None
+
+    def cancel(self) -> None:
+        """Stop the job at its next delta (its client left or timed out)."""
+        self._cancel.set()

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -23,8 +22,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mmchaos import __version__
 from mmchaos.guard.preflight import estimate_tokens
+from mmchaos.server.chat import generative_chat
 from mmchaos.server.engine import GuardedServer
-from mmchaos.server.errors import ERROR_RESPONSES, HTTPError, to_http_error
+from mmchaos.server.errors import ERROR_RESPONSES, HTTPError
 from mmchaos.server.inputs import Item, embedding_items, message_parts, part_item, truncate_to_tokens
 from mmchaos.server.protocol import (
     ChatCompletionRequest,
@@ -34,6 +34,7 @@ from mmchaos.server.protocol import (
     ErrorBody,
     ModelList,
 )
+from mmchaos.server.respond import disconnected, guarded, json_response
 from mmchaos.targets.base import Capability
 
 __all__ = ["json_response", "router"]
@@ -49,34 +50,11 @@ def _server(request: Request) -> GuardedServer:
     return server
 
 
-def json_response(payload: Any, status: int = 200) -> Response:
-    """Strict JSON (no NaN), compact."""
-    body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
-    return Response(body, status_code=status, media_type="application/json")
-
-
 def _encode(vector: FloatArray, fmt: str) -> list[float] | str:
     if fmt == "base64":
         return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
     out: list[float] = vector.tolist()
     return out
-
-
-async def _disconnected(request: Request) -> None:
-    """Complete when the client goes away (the body was read already: only ``http.disconnect`` is left)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _guarded(work: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await work()
-    except HTTPError:
-        raise
-    except Exception as exc:
-        raise to_http_error(exc) from exc
 
 
 def _check_model(server: GuardedServer, model: str | None) -> None:
@@ -108,8 +86,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.dimensions is not None and body.dimensions < 1:
         raise HTTPError(400, "dimensions_unsupported", "dimensions must be a positive integer", param="dimensions")
     pixels = server.declared_pixels(items)
-    vectors = await _guarded(
-        lambda: server.run(partial(server.embed_job, items), pixels=pixels, gone=_disconnected(request))
+    vectors = await guarded(
+        lambda: server.run(partial(server.embed_job, items), pixels=pixels, gone=disconnected(request))
     )
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise HTTPError(
@@ -134,9 +112,12 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERROR_RESPONSES, tags=["openai"])
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    """Read the text in the ``image_url`` parts of the messages (OCR targets): the reply is the text."""
+    """Answer a chat: generative targets generate (``stream: true`` for server-sent events); targets
+    that read text (OCR) answer the text in the ``image_url`` parts."""
     server = _server(request)
     _check_model(server, body.model)
+    if server.target.has(Capability.GENERATE):
+        return await generative_chat(server, body, request)
     if not server.target.has(Capability.READ_TEXT):
         raise HTTPError(
             400, "capability_missing",
@@ -156,9 +137,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if len(items) > server.config.max_items:
         raise HTTPError(413, "too_many_inputs", f"{len(items)} content parts; the limit is {server.config.max_items}")
     pixels = server.declared_pixels(items, param="messages")
-    text = await _guarded(
-        lambda: server.run(partial(server.read_job, items), pixels=pixels, gone=_disconnected(request))
-    )
+    text = await guarded(lambda: server.run(partial(server.read_job, items), pixels=pixels, gone=disconnected(request)))
     limit = body.max_completion_tokens or body.max_tokens
     finish = "stop"
     if limit is not None:

@@ -13,7 +13,19 @@ from mmchaos.guard.preflight import estimate_tokens
 from mmchaos.server.errors import HTTPError
 from mmchaos.server.protocol import ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
 
-__all__ = ["Item", "bare_data_url_bytes", "embedding_items", "message_parts", "part_item", "truncate_to_tokens"]
+#: Chat roles a generative target takes (``developer`` is OpenAI's newer name of ``system``).
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+__all__ = [
+    "Item",
+    "Turn",
+    "bare_data_url_bytes",
+    "chat_turns",
+    "embedding_items",
+    "message_parts",
+    "part_item",
+    "truncate_to_tokens",
+]
 
 #: Turns token ids into the text they stand for (``param`` names the input in errors).
 Detokenize = Callable[[Sequence[int], str], str]
@@ -24,6 +36,34 @@ class Item:
     modality: str  # "text" or "image"
     value: str  # the text, or the image's data URL
     param: str
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One chat message's inputs, in order; ``plain`` when its content was a string (one text)."""
+
+    role: str
+    items: tuple[Item, ...]
+    plain: bool
+
+
+def chat_turns(messages: Sequence[ChatMessage], max_items: int) -> list[Turn]:
+    """A chat request's messages as turns of items (nothing decoded); 400 on an unknown role,
+    413 past ``max_items`` content parts."""
+    turns = []
+    for i, m in enumerate(messages):
+        if m.role not in CHAT_ROLES:
+            roles = ", ".join(sorted(CHAT_ROLES))
+            raise HTTPError(
+                400, "bad_messages", f"message {i} has role {m.role!r}; this server takes {roles}",
+                param=f"messages[{i}].role",
+            )  # fmt: skip
+        items = tuple(part_item(p, where) for p, where in message_parts(m.content, f"messages[{i}]"))
+        turns.append(Turn(m.role, items, plain=not isinstance(m.content, list)))
+    count = sum(len(t.items) for t in turns)
+    if count > max_items:
+        raise HTTPError(413, "too_many_inputs", f"{count} content parts; the limit is {max_items}", param="messages")
+    return turns
 
 
 def bare_data_url_bytes(url: str) -> bytes:

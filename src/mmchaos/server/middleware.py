@@ -68,7 +68,8 @@ class RequestEdge:
             try:
                 await self._handle(scope, receive, send_with_ids, headers, path, status)
             finally:
-                code = status[0]
+                # A stream whose client left mid-way started as 200; it counts as the client's 499.
+                code = CLIENT_CLOSED if scope["state"].get("client_closed") else status[0]
                 elapsed = time.perf_counter() - start
                 srv.metrics.requests.labels(endpoint, str(code)).inc()
                 srv.metrics.seconds.labels(endpoint).observe(elapsed)

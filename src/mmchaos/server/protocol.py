@@ -18,6 +18,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatCompletionResponse",
     "ChatMessage",
+    "ChoiceLogprobs",
     "ContentPart",
     "EmbeddingRequest",
     "EmbeddingResponse",
@@ -27,7 +28,9 @@ __all__ = [
     "ImageURLPart",
     "ModelCard",
     "ModelList",
+    "StreamOptions",
     "TextPart",
+    "TokenLogprob",
 ]
 
 
@@ -84,16 +87,31 @@ class EmbeddingRequest(_Lenient):
         return self
 
 
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
 class ChatCompletionRequest(_Lenient):
-    """OpenAI's chat completion request; images in ``image_url`` content parts of user messages."""
+    """OpenAI's chat completion request; images in ``image_url`` content parts of the messages.
+
+    Generative targets take every sampling field (``temperature`` defaults to 1 as OpenAI's);
+    targets that read text (OCR) answer the text in the images and ignore sampling.
+    ``return_tokens_as_token_ids`` is vLLM's: logprob tokens are sent as ``token_id:N``.
+    """
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = 1
-    max_tokens: int | None = Field(default=None, ge=1, description="longest reply, in usage's tokens")
+    max_tokens: int | None = Field(default=None, ge=1, description="longest reply, in tokens")
     max_completion_tokens: int | None = Field(default=None, ge=1, description="OpenAI's newer name of max_tokens")
     temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    return_tokens_as_token_ids: bool = False
     user: str | None = None
 
 
@@ -123,9 +141,21 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[Any] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length"] = Field("stop", description="length: cut at max_tokens")
 
 

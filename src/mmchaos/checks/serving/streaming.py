@@ -1,0 +1,495 @@
+"""``serving_streaming``: a chat endpoint's stream against its own non-streamed answers, its token
+latencies under a small bounded load, and what a client leaving mid-stream leaves behind.
+
+Three findings:
+
+- **equivalence**: for greedy requests, the concatenated ``delta.content`` of the server-sent events
+  must equal the non-streamed ``message.content``, and every stream must end with ``data: [DONE]``
+  (a stream that drops its last delta, or never says it is done, fails);
+- **latency**: TTFT, TPOT and inter-token latency percentiles and goodput (streams that met both
+  the TTFT and TPOT objectives, per second and as a share) under ``load_requests`` streamed
+  requests, ``concurrency`` at a time;
+- **disconnect**: a client reads the first delta of a long stream and closes the connection; the
+  server's ``vllm:num_requests_running`` must return to where it was within ``release_timeout_s``
+  and the next request must be answered (a server that keeps generating for nobody holds a slot).
+
+An in-process target is served by the reference server for the check; an ``openai:`` target is
+used as it is (loopback only unless allowed).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from pydantic import Field
+
+from mmchaos.chaos.deployment import Deployment
+from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.server.config import ServerConfig
+from mmchaos.targets.base import Capability
+
+__all__ = ["ServingStreaming", "StreamRecord", "parse_sse", "percentile"]
+
+
+class ServingStreamingParams(Params):
+    prompt: str = Field("Describe the image in a few words.", min_length=1)
+    requests: int = Field(4, ge=1, le=256, description="greedy requests compared streamed vs not")
+    max_tokens: int = Field(16, ge=1, le=4096)
+    load_requests: int = Field(16, ge=0, le=10_000, description="streamed requests of the latency load")
+    concurrency: int = Field(4, ge=1, le=256)
+    max_duration_s: float = Field(60.0, gt=0.0, le=3600.0, description="no load request starts after this, s")
+    request_timeout_s: float = Field(30.0, gt=0.0, le=600.0)
+    disconnect: bool = Field(True, description="probe a client leaving mid-stream")
+    disconnect_max_tokens: int = Field(512, ge=2, le=100_000, description="long enough to still run when left")
+    release_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="the slot must be free again within, s")
+    loopback_only: bool = True
+    server: ServerConfig = Field(
+        default_factory=lambda: ServerConfig.model_validate({}),
+        description="the reference server the check starts for an in-process target (ignored for openai:)",
+    )
+
+
+class ServingStreamingGate(Gate):
+    streaming_equivalent: bool = Field(True, description="streamed text equals the non-streamed text (greedy)")
+    ttft_slo_ms: float = Field(2000.0, gt=0.0, description="time to first token objective, per request")
+    tpot_slo_ms: float = Field(500.0, gt=0.0, description="time per output token objective, per request")
+    max_ttft_p95_ms: float | None = Field(None, gt=0.0, description="default: ttft_slo_ms")
+    max_tpot_p95_ms: float | None = Field(None, gt=0.0, description="default: tpot_slo_ms")
+    min_goodput_ratio: float = Field(0.9, ge=0.0, le=1.0, description="share of streams meeting both objectives")
+    slot_released: bool = Field(True, description="a client leaving mid-stream gives its slot back")
+
+
+@dataclass
+class StreamRecord:
+    """One streamed request as the client saw it (times in seconds from sending it)."""
+
+    status: int = 0
+    text: str = ""
+    deltas: int = 0
+    done: bool = False
+    error: str | None = None
+    ttft: float | None = None
+    delta_times: list[float] = field(default_factory=list)
+    e2e: float | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and self.error is None
+
+    def itl(self) -> list[float]:
+        t = self.delta_times
+        return [b - a for a, b in itertools.pairwise(t)]
+
+    def tpot(self) -> float | None:
+        """(last delta - first delta) / (output tokens - 1): tokens from usage, else the deltas."""
+        tokens = self.completion_tokens or self.deltas
+        if len(self.delta_times) < 2 or tokens < 2:
+            return None
+        return (self.delta_times[-1] - self.delta_times[0]) / (tokens - 1)
+
+
+def parse_sse(lines: Iterator[str], record: StreamRecord, start: float) -> None:
+    """Fill ``record`` from server-sent event lines (OpenAI's chat.completion.chunk events)."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        now = time.perf_counter() - start
+        if data == "[DONE]":
+            record.done = True
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            record.error = f"malformed event: {data[:120]}"
+            break
+        if not isinstance(chunk, dict):
+            record.error = f"malformed event: {data[:120]}"
+            break
+        if "error" in chunk:
+            record.error = f"error event: {str(chunk['error'])[:200]}"
+            continue
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            record.completion_tokens = usage["completion_tokens"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or int(choice.get("index", 0)) != 0:
+                continue
+            if choice.get("finish_reason"):
+                record.finish_reason = str(choice["finish_reason"])
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                record.text += str(content)
+                record.deltas += 1
+                record.delta_times.append(now)
+                if record.ttft is None:
+                    record.ttft = now
+    record.e2e = time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _ms(x: float | None) -> float:
+    return round(x * 1000.0, 3) if x is not None else -1.0
+
+
+def _png_data_url(image: Any) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class _Client:
+    """The check's own HTTP client for one deployment (httpx, bounded timeouts)."""
+
+    def __init__(self, dep: Deployment, timeout: float) -> None:
+        import httpx
+
+        self.dep = dep
+        self.base = dep.root + dep.prefix
+        self.http = httpx.Client(timeout=timeout, headers=dict(dep.auth), trust_env=False)
+
+    def body(self, content: Any, max_tokens: int, stream: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.dep.model, "messages": [{"role": "user", "content": content}],
+                               "max_tokens": max_tokens, "temperature": 0, "stream": stream}  # fmt: skip
+        if stream:
+            out["stream_options"] = {"include_usage": True}
+        return out
+
+    def complete(self, content: Any, max_tokens: int) -> tuple[int, str | None, str]:
+        """(status, text or None, error)."""
+        try:
+            resp = self.http.post(f"{self.base}/chat/completions", json=self.body(content, max_tokens, False))
+        except Exception as exc:  # the transport failed: recorded, never raised
+            return 0, None, f"{type(exc).__name__}: {exc}"
+        if resp.status_code != 200:
+            return resp.status_code, None, resp.text[:200]
+        try:
+            text = resp.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return resp.status_code, None, f"malformed answer: {exc!r}"
+        return 200, "" if text is None else str(text), ""
+
+    def stream(self, content: Any, max_tokens: int) -> StreamRecord:
+        record = StreamRecord()
+        start = time.perf_counter()
+        try:
+            with self.http.stream("POST", f"{self.base}/chat/completions",
+                                  json=self.body(content, max_tokens, True)) as resp:  # fmt: skip
+                record.status = resp.status_code
+                if resp.status_code != 200:
+                    resp.read()
+                    record.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    return record
+                parse_sse(resp.iter_lines(), record, start)
+        except Exception as exc:  # a reset or timeout mid-stream: recorded, never raised
+            record.error = f"{type(exc).__name__}: {exc}"
+        if record.e2e is None:
+            record.e2e = time.perf_counter() - start
+        return record
+
+    def running(self) -> float | None:
+        """``vllm:num_requests_running`` from the server's /metrics (summed), or None when absent."""
+        try:
+            resp = self.http.get(f"{self.dep.root}/metrics")
+        except Exception:
+            return None
+        if resp.status_code != 200:
+            return None
+        values = [float(line.split()[-1]) for line in resp.text.splitlines()
+                  if line.startswith("vllm:num_requests_running")]  # fmt: skip
+        return sum(values) if values else None
+
+    def close(self) -> None:
+        self.http.close()
+
+
+#: A content delta with text in it (the role chunk's ``"content": ""`` does not count).
+_FIRST_CONTENT = re.compile(rb'"content"\s*:\s*"[^"]')
+
+
+def _leave_mid_stream(dep: Deployment, body: dict[str, Any], timeout: float) -> tuple[str, str]:
+    """Open a stream on a raw socket, read up to its first content delta, close the connection.
+
+    Returns (outcome, detail): ``left`` (closed mid-stream), ``ended`` (the stream finished first),
+    ``refused`` (no 200), ``failed`` (could not connect).
+    """
+    parts = urlsplit(dep.root)
+    if parts.scheme != "http" or parts.hostname is None:
+        return "failed", f"the raw-socket probe speaks plain http only, not {parts.scheme}"
+    host, port = parts.hostname, parts.port or 80
+    payload = json.dumps(body).encode()
+    headers = {"Host": dep.auth.get("Host", parts.netloc), "Content-Type": "application/json",
+               "Content-Length": str(len(payload))}  # fmt: skip
+    headers.update({k: v for k, v in dep.auth.items() if k != "Host"})
+    head = f"POST {dep.prefix}/chat/completions HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(head.encode("latin-1") + b"\r\n" + payload)
+            seen = b""
+            while _FIRST_CONTENT.search(seen) is None:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                seen += chunk
+                if b"data: [DONE]" in seen:
+                    return "ended", "the stream finished before the client left"
+            status = seen.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+            if " 200 " not in status + " ":
+                return "refused", status[:120] or "no answer"
+    except OSError as exc:
+        return "failed", f"{type(exc).__name__}: {exc}"
+    return "left", "read the first delta and closed the connection"
+
+
+class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
+    """Streamed chat equals non-streamed (greedy); TTFT/TPOT/ITL and goodput under load; disconnect frees the slot."""
+
+    name = "serving_streaming"
+    step = Step.SERVING
+    requires = (frozenset({Capability.GENERATE}),)
+    Params = ServingStreamingParams
+    Gate = ServingStreamingGate
+
+    def _contents(self, ctx: CheckContext, count: int) -> list[Any]:
+        """Request contents: the dataset's images (a PNG data URL each) with the prompt; text only without."""
+        p = self.params
+        images = [s for s in ctx.dataset if s.image is not None or s.image_path is not None][: max(1, count)]
+        if not images:
+            return [f"{p.prompt} ({i})" for i in range(count)]
+        out = []
+        for i in range(count):
+            url = _png_data_url(images[i % len(images)].load_image())
+            out.append([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": p.prompt}])
+        return out
+
+    def run(self, ctx: CheckContext) -> Iterator[Finding]:
+        p = self.params
+        dep = Deployment(ctx.target, p.server, proxy=False, seed=ctx.seed, loopback_only=p.loopback_only)
+        bar = ctx.progress.task(f"{ctx.check_id}: streams", total=p.requests + p.load_requests + 1)
+        try:
+            dep.start()
+            client = _Client(dep, p.request_timeout_s)
+            try:
+                yield self._equivalence(ctx, client, bar)
+                if p.load_requests:
+                    yield self._latency(ctx, client, bar)
+                if p.disconnect:
+                    yield self._disconnect(ctx, dep, client)
+                bar.advance()
+            finally:
+                client.close()
+        finally:
+            bar.close()
+            dep.close()
+
+    # -- equivalence -----------------------------------------------------------------------------
+
+    def _equivalence(self, ctx: CheckContext, client: _Client, bar: Any) -> Finding:
+        p, g = self.params, self.gate
+        rows: list[dict[str, Any]] = []
+        problems: list[str] = []
+        for i, content in enumerate(self._contents(ctx, p.requests)):
+            status, text, err = client.complete(content, p.max_tokens)
+            rec = client.stream(content, p.max_tokens)
+            bar.advance()
+            row: dict[str, Any] = {"request": i, "non_streamed_status": status, "stream_status": rec.status,
+                                   "done": rec.done, "deltas": rec.deltas}  # fmt: skip
+            if text is None:
+                problems.append(f"request {i}: the non-streamed answer failed ({status}: {err})")
+            elif not rec.ok:
+                problems.append(f"request {i}: the stream failed ({rec.error or 'no data: [DONE]'})")
+            elif rec.text != text:
+                at = next((k for k, (a, b) in enumerate(zip(rec.text, text, strict=False)) if a != b),
+                          min(len(rec.text), len(text)))  # fmt: skip
+                row.update(first_difference=at, streamed=rec.text[max(0, at - 20) : at + 40],
+                           non_streamed=text[max(0, at - 20) : at + 40],
+                           streamed_chars=len(rec.text), non_streamed_chars=len(text))  # fmt: skip
+                problems.append(
+                    f"request {i}: the streamed text differs from the non-streamed one at character {at} "
+                    f"({len(rec.text)} vs {len(text)} characters)"
+                )
+            rows.append(row)
+        equal = sum(1 for r in rows if "first_difference" not in r)
+        failed = bool(problems) and g.streaming_equivalent
+        return self.finding(
+            ctx,
+            Verdict.FAIL if failed else Verdict.PASS,
+            f"streaming equivalence: {len(rows) - len(problems)}/{len(rows)} greedy streams equal their "
+            "non-streamed answer and end with [DONE]",
+            severity=Severity.HIGH if failed else Severity.INFO,
+            metrics={
+                "requests": float(len(rows)),
+                "mismatches": float(len(rows) - equal),
+                "failures": float(len(problems) - (len(rows) - equal)),
+            },
+            gate="concatenated SSE deltas == non-streamed text for every greedy request; every stream ends with "
+            "data: [DONE]",
+            message="; ".join(problems[:3]),
+            suggestion=(
+                "the stream loses or reorders text: flush the detokenizer's held-back text at the end of the "
+                "stream, send every delta before [DONE], and stream from the same decoding as the full answer"
+                if failed
+                else ""
+            ),
+            evidence={"requests": rows, "max_tokens": p.max_tokens},
+        )
+
+    # -- latency -----------------------------------------------------------------------------------
+
+    def _latency(self, ctx: CheckContext, client: _Client, bar: Any) -> Finding:
+        p, g = self.params, self.gate
+        contents = self._contents(ctx, p.load_requests)
+        deadline = time.monotonic() + p.max_duration_s
+        records: list[StreamRecord] = []
+
+        def one(content: Any) -> StreamRecord | None:
+            if time.monotonic() > deadline:
+                return None  # the load's time bound: requests not started are not sent
+            return client.stream(content, p.max_tokens)
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(p.concurrency, thread_name_prefix="mmchaos-stream-load") as pool:
+            for rec in pool.map(one, contents):
+                bar.advance()
+                if rec is not None:
+                    records.append(rec)
+        wall = time.perf_counter() - started
+        ok = [r for r in records if r.ok]
+        ttfts = [r.ttft for r in ok if r.ttft is not None]
+        tpots = [t for t in (r.tpot() for r in ok) if t is not None]
+        itls = [x for r in ok for x in r.itl()]
+        e2es = [r.e2e for r in ok if r.e2e is not None]
+        ttft_slo, tpot_slo = g.ttft_slo_ms / 1000.0, g.tpot_slo_ms / 1000.0
+        good = [r for r in ok if r.ttft is not None and r.ttft <= ttft_slo and (r.tpot() or 0.0) <= tpot_slo]
+        ratio = len(good) / len(records) if records else 0.0
+        metrics = {
+            "requests": float(len(records)),
+            "errors": float(len(records) - len(ok)),
+            "ttft_p50_ms": _ms(percentile(ttfts, 50)),
+            "ttft_p95_ms": _ms(percentile(ttfts, 95)),
+            "ttft_p99_ms": _ms(percentile(ttfts, 99)),
+            "tpot_p50_ms": _ms(percentile(tpots, 50)),
+            "tpot_p95_ms": _ms(percentile(tpots, 95)),
+            "itl_p50_ms": _ms(percentile(itls, 50)),
+            "itl_p95_ms": _ms(percentile(itls, 95)),
+            "itl_p99_ms": _ms(percentile(itls, 99)),
+            "e2e_p50_ms": _ms(percentile(e2es, 50)),
+            "e2e_p95_ms": _ms(percentile(e2es, 95)),
+            "throughput_rps": len(ok) / wall if wall > 0 else 0.0,
+            "goodput_rps": len(good) / wall if wall > 0 else 0.0,
+            "goodput_ratio": ratio,
+        }
+        max_ttft = g.max_ttft_p95_ms or g.ttft_slo_ms
+        max_tpot = g.max_tpot_p95_ms or g.tpot_slo_ms
+        problems = []
+        if not records:
+            problems.append("no request was sent within max_duration_s")
+        if ttfts and metrics["ttft_p95_ms"] > max_ttft:
+            problems.append(f"TTFT p95 {metrics['ttft_p95_ms']:.0f} ms > {max_ttft:g} ms")
+        if tpots and metrics["tpot_p95_ms"] > max_tpot:
+            problems.append(f"TPOT p95 {metrics['tpot_p95_ms']:.1f} ms > {max_tpot:g} ms")
+        if records and ratio < g.min_goodput_ratio:
+            problems.append(f"goodput {ratio:.0%} of streams met TTFT <= {g.ttft_slo_ms:g} ms and TPOT <= "
+                            f"{g.tpot_slo_ms:g} ms (< {g.min_goodput_ratio:.0%})")  # fmt: skip
+        errors = sorted({r.error or f"HTTP {r.status}" for r in records if not r.ok})
+        return self.finding(
+            ctx,
+            Verdict.FAIL if problems else Verdict.PASS,
+            f"stream latency under load ({len(records)} streams, concurrency {p.concurrency}): TTFT p95 "
+            f"{metrics['ttft_p95_ms']:.0f} ms, TPOT p95 {metrics['tpot_p95_ms']:.1f} ms, goodput {ratio:.0%}",
+            severity=Severity.MEDIUM if problems else Severity.INFO,
+            metrics=metrics,
+            gate=f"TTFT p95 <= {max_ttft:g} ms, TPOT p95 <= {max_tpot:g} ms, >= {g.min_goodput_ratio:.0%} of streams "
+            f"within TTFT {g.ttft_slo_ms:g} ms and TPOT {g.tpot_slo_ms:g} ms",
+            message="; ".join(problems),
+            suggestion="profile prefill (TTFT) and decode (TPOT) at this concurrency; batch, add capacity or lower "
+            "max_tokens"
+            if problems
+            else "",
+            evidence={
+                "errors": errors[:10],
+                "concurrency": p.concurrency,
+                "max_tokens": p.max_tokens,
+                "wall_s": round(wall, 3),
+            },
+        )
+
+    # -- disconnect --------------------------------------------------------------------------------
+
+    def _disconnect(self, ctx: CheckContext, dep: Deployment, client: _Client) -> Finding:
+        p, g = self.params, self.gate
+        contents = self._contents(ctx, 1)
+        before = client.running()
+        outcome, detail = _leave_mid_stream(dep, client.body(contents[0], p.disconnect_max_tokens, True),
+                                            p.request_timeout_s)  # fmt: skip
+        evidence: dict[str, Any] = {"outcome": outcome, "detail": detail, "running_before": before}
+        gate = (f"after a client leaves mid-stream, vllm:num_requests_running is back to its value before within "
+                f"{p.release_timeout_s:g} s and the next request is answered")  # fmt: skip
+        if outcome != "left":
+            return self.finding(
+                ctx, Verdict.WARN, f"disconnect mid-stream: not tested ({detail})", severity=Severity.LOW,
+                gate=gate, message=detail, evidence=evidence,
+                suggestion="raise disconnect_max_tokens so the stream is still running when the client leaves"
+                if outcome == "ended" else "",
+            )  # fmt: skip
+        released_after: float | None = None
+        running: float | None = None
+        t0 = time.perf_counter()
+        if before is not None:
+            deadline = t0 + p.release_timeout_s
+            while True:
+                running = client.running()
+                if running is not None and running <= before:
+                    released_after = time.perf_counter() - t0
+                    break
+                if time.perf_counter() >= deadline:
+                    break
+                time.sleep(0.05)
+        status, _, err = client.complete(contents[0], 1)
+        evidence.update(running_after=running, released_after_s=released_after, next_request_status=status)
+        problems = []
+        if before is not None and released_after is None:
+            problems.append(
+                f"vllm:num_requests_running stayed at {running} (was {before}) {p.release_timeout_s:g} s after the "
+                "client left: the server goes on generating for nobody and holds the slot"
+            )
+        if status != 200:
+            problems.append(f"the next request was not answered ({status}: {err[:120]})")
+        if problems and g.slot_released:
+            verdict, severity = Verdict.FAIL, Severity.HIGH
+        elif before is None:
+            verdict, severity = Verdict.WARN, Severity.LOW
+            problems.append("the server exports no vllm:num_requests_running: only the next request was checked")
+        else:
+            verdict, severity = Verdict.PASS, Severity.INFO
+        title = ("disconnect mid-stream: the slot was given back"
+                 + (f" in {released_after * 1000:.0f} ms" if released_after is not None else "")
+                 if verdict != Verdict.FAIL else "disconnect mid-stream: the slot was not given back")  # fmt: skip
+        return self.finding(
+            ctx, verdict, title, severity=severity,
+            metrics={"released": 1.0 if released_after is not None else 0.0,
+                     "release_ms": _ms(released_after), "next_request_ok": 1.0 if status == 200 else 0.0},
+            gate=gate, message="; ".join(problems), evidence=evidence,
+            suggestion="watch the connection while streaming and abort the request when the client goes "
+            "(vLLM aborts on disconnect); stop generating at the next token" if verdict == Verdict.FAIL else "",
+        )  # fmt: skip
