@@ -80,8 +80,11 @@ def make_example(split: str, index: int, seed: int) -> Example:
     return s.load_image(), s.question or "", s.answer or "", str(s.meta["kind"])
 
 
-def build(out: Path, *, text_hidden: int, text_layers: int, seed: int, feature_layer: int = -2) -> tuple[Any, Any]:
-    """The untrained model and processor (the vision tower copied from tiny-clip)."""
+def build(
+    out: Path, *, text_hidden: int, text_layers: int, seed: int, feature_layer: int = -2, strategy: str = "default"
+) -> tuple[Any, Any]:
+    """The untrained model and processor (the vision tower copied from tiny-clip). ``strategy`` is
+    LLaVA's feature selection: ``default`` drops the tower's CLS token, ``full`` keeps it."""
     torch.manual_seed(seed)
     tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
     ids = tok.convert_tokens_to_ids
@@ -93,7 +96,7 @@ def build(out: Path, *, text_hidden: int, text_layers: int, seed: int, feature_l
     )  # fmt: skip
     config = transformers.LlavaConfig(
         vision_config=clip.config.vision_config, text_config=text, image_token_index=ids("<image>"),
-        vision_feature_layer=feature_layer, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy, projector_hidden_act="gelu",
     )  # fmt: skip
     config.pad_token_id = ids("<pad>")
     model = transformers.LlavaForConditionalGeneration(config)
@@ -102,7 +105,7 @@ def build(out: Path, *, text_hidden: int, text_layers: int, seed: int, feature_l
     image_processor = transformers.AutoImageProcessor.from_pretrained(str(TINY_CLIP_DIR))
     processor = transformers.LlavaProcessor(
         image_processor=image_processor, tokenizer=tok, patch_size=clip.config.vision_config.patch_size,
-        vision_feature_select_strategy="default", num_additional_image_tokens=1, chat_template=TEMPLATE,
+        vision_feature_select_strategy=strategy, num_additional_image_tokens=1, chat_template=TEMPLATE,
     )  # fmt: skip
     return model, processor
 
@@ -146,14 +149,15 @@ class Pool:
 
 
 def _features(model: Any, processor: Any, images: list[np.ndarray], chunk: int = 256) -> torch.Tensor:
-    """The tower's selected hidden states (CLS dropped) for each image, as LLaVA selects them."""
+    """The tower's selected hidden states for each image, as LLaVA selects them."""
     layer = model.config.vision_feature_layer
+    first = 1 if model.config.vision_feature_select_strategy == "default" else 0
     out = []
     with torch.inference_mode():
         for i in range(0, len(images), chunk):
             pixels = processor.image_processor(images=images[i : i + chunk], return_tensors="pt")["pixel_values"]
             hidden = model.model.vision_tower(pixels, output_hidden_states=True).hidden_states
-            out.append(hidden[layer][:, 1:].clone())
+            out.append(hidden[layer][:, first:].clone())
     return torch.cat(out) if out else torch.zeros(0)
 
 
@@ -161,10 +165,8 @@ def prepare(model: Any, processor: Any, examples: list[Example]) -> Pool:
     """Tokenise (cached per question) and compute the frozen features of every image once."""
     tok = processor.tokenizer
     image_token = processor.image_token
-    per_image = processor.num_image_tokens if hasattr(processor, "num_image_tokens") else None
-    if per_image is None:
-        size = model.config.vision_config.image_size // model.config.vision_config.patch_size
-        per_image = size * size
+    side = model.config.vision_config.image_size // model.config.vision_config.patch_size
+    per_image = side * side + (model.config.vision_feature_select_strategy == "full")
     prompt_cache: dict[tuple[str, bool], list[int]] = {}
     ids, prompt_lens, feat_row, kinds, images = [], [], [], [], []
     for img, question, answer, kind in examples:
@@ -241,7 +243,7 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
     torch.set_num_threads(args.threads)
     begin = time.monotonic()
     model, processor = build(args.out, text_hidden=args.hidden, text_layers=args.layers, seed=args.seed,
-                             feature_layer=args.feature_layer)  # fmt: skip
+                             feature_layer=args.feature_layer, strategy=args.feature_strategy)  # fmt: skip
     model.model.vision_tower.requires_grad_(False)
     pad = processor.tokenizer.pad_token_id
     pool = prepare(model, processor, [make_example("train", i, args.seed) for i in range(args.pool)])
@@ -291,7 +293,8 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
     record = {
         "model": "builtin:tiny-vlm",
         "architecture": "LlavaForConditionalGeneration",
-        "vision_tower": f"builtin:tiny-clip vision_model (frozen), features of layer {args.feature_layer}",
+        "vision_tower": f"builtin:tiny-clip vision_model (frozen), features of layer {args.feature_layer}, "
+        f"select strategy {args.feature_strategy} ({'CLS kept' if args.feature_strategy == 'full' else 'CLS dropped'})",
         "data": f"builtin:vqa split=train seed={args.seed}: {args.pool} examples ({NO_IMAGE_SHARE:.0%} "
         "questions without an image, answered none/zero)",
         "seed": args.seed,
@@ -358,7 +361,7 @@ def _check_against_processor(model: Any, processor: Any, seed: int, pool: Pool, 
         with torch.inference_mode():
             want = model.model.get_image_features(
                 enc["pixel_values"], vision_feature_layer=model.config.vision_feature_layer,
-                vision_feature_select_strategy="default",
+                vision_feature_select_strategy=model.config.vision_feature_select_strategy,
             ).pooler_output  # fmt: skip
             rows = [pool.feat_row[r] for r in range(len(examples)) if pool.feat_row[r] >= 0]
             got = model.model.multi_modal_projector(pool.feats[rows])
@@ -375,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--feature-layer", type=int, default=-2, help="tower layer LLaVA takes features from")
+    parser.add_argument("--feature-strategy", choices=("default", "full"), default="default",
+                        help="LLaVA's vision_feature_select_strategy: default drops CLS, full keeps it")  # fmt: skip
     parser.add_argument("--pool", type=int, default=16000, help="training examples (features cached once)")
     parser.add_argument("--val-n", type=int, default=512, help="validation examples for the teacher-forced curve")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: no OpenMP barriers on shared cores)")

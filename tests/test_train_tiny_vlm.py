@@ -38,8 +38,8 @@ def test_learning_rate_warms_up_and_anneals_by_time_or_steps() -> None:
 
 def test_a_toy_run_trains_saves_and_loads_through_hf(tmp_path: Path) -> None:
     args = argparse.Namespace(out=tmp_path / "vlm", seed=0, steps=2, batch=2, lr=1e-3, hidden=32, layers=1,
-                              feature_layer=-2, pool=8, val_n=4, threads=1, max_minutes=0.0, eval_n=2,
-                              log_every=1, eval_every=1)  # fmt: skip
+                              feature_layer=-1, feature_strategy="full", pool=8, val_n=4, threads=1,
+                              max_minutes=0.0, eval_n=2, log_every=1, eval_every=1)  # fmt: skip
     model, processor = train_tiny_vlm.build(args.out, text_hidden=32, text_layers=1, seed=0)
     examples = [train_tiny_vlm.make_example("train", i, 0) for i in range(2)]
     batch = train_tiny_vlm.batch_of(processor, examples)
