@@ -290,6 +290,7 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
     model.save_pretrained(args.out)
     processor.save_pretrained(args.out)
     metrics = evaluate(args.out, args.eval_n, args.seed)
+    total = time.monotonic() - begin
     record = {
         "model": "builtin:tiny-vlm",
         "architecture": "LlavaForConditionalGeneration",
@@ -305,8 +306,10 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
         "schedule": "linear warm-up 4%, cosine to 5% of lr, over max(step/steps, wall/max_minutes)",
         "text": {"hidden": args.hidden, "layers": args.layers},
         "threads": args.threads,
+        "machine": {"cpu_count": os.cpu_count(), "niceness": os.nice(0), "platform": platform.platform()},
         "prepare_wall_s": round(start - begin, 1),
         "train_wall_s": round(wall, 1),
+        "total_wall_s": round(total, 1),
         "final_loss": float(np.mean(losses[-50:])),
         "curve": curve,
         "heldout": metrics,
