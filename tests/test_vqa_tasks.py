@@ -159,3 +159,14 @@ def test_user_jsonl_carries_questions_and_answers(tmp_path) -> None:  # type: ig
     (tmp_path / "e.jsonl").write_text(json.dumps({"image": "a.png", "question": "What colour?"}))
     with pytest.raises(DataError, match="go together"):
         load_dataset(str(tmp_path / "e.jsonl"))
+
+
+def test_text_perturbations_reach_a_vlm_through_the_questions_even_when_captions_exist() -> None:
+    from mmchaos.checks.robustness.robustness import _texts
+    from tests.fakes import HashEmbedTarget
+
+    data = make_vqa(3)
+    for s in data:
+        s.caption = "a caption"
+    assert _texts(data, vlm_fakes.PixelVQATarget()) == [s.question for s in data]
+    assert _texts(data, HashEmbedTarget()) == ["a caption"] * 3

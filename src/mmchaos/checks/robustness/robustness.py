@@ -157,7 +157,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         p = self.params
         data = ctx.dataset.head(p.samples)
         images = [s.load_image() for s in data] if data.has_images else []
-        captions = _texts(data)
+        captions = _texts(data, ctx.target)
         selection = p.selected()
         bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
         constraint = None
@@ -599,13 +599,13 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         return records, artifacts
 
 
-def _texts(data: Dataset) -> list[str]:
-    """The texts text perturbations work on: the captions, or a VQA set's questions."""
-    if data.has_captions:
-        return [s.caption or "" for s in data]
-    if data.has_questions:
-        return [s.question or "" for s in data]
-    return []
+def _texts(data: Dataset, target: Target) -> list[str]:
+    """The texts text perturbations work on: a VQA set's questions for a generative target that
+    does not embed texts (what it reads is the question), else the captions, else the questions."""
+    questions = [s.question or "" for s in data] if data.has_questions else []
+    if questions and target.has(Capability.GENERATE) and not target.has(Capability.EMBED_TEXT):
+        return questions
+    return [s.caption or "" for s in data] if data.has_captions else questions
 
 
 def _split(perturbed: Any) -> tuple[Any, str | None]:
