@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--feature-layer", type=int, default=-2, help="tower layer LLaVA takes features from")
-    parser.add_argument("--feature-strategy", choices=("default", "full"), default="default",
+    parser.add_argument("--feature-layer", type=int, default=-1, help="tower layer LLaVA takes features from")
+    parser.add_argument("--feature-strategy", choices=("default", "full"), default="full",
                         help="LLaVA's vision_feature_select_strategy: default drops CLS, full keeps it")  # fmt: skip
     parser.add_argument("--pool", type=int, default=16000, help="training examples (features cached once)")
     parser.add_argument("--val-n", type=int, default=512, help="validation examples for the teacher-forced curve")
