@@ -112,8 +112,13 @@ class TimedTarget(DelegatingTarget):
 
 
 def default_data(target: Target) -> str:
-    """The built-in dataset that fits a target: text lines for readers, shapes otherwise."""
-    return "builtin:textlines" if target.has(Capability.READ_TEXT) else "builtin:shapes"
+    """The built-in dataset that fits a target: text lines for readers, questions for generative
+    VLMs, shapes otherwise."""
+    if target.has(Capability.READ_TEXT):
+        return "builtin:textlines"
+    if target.has(Capability.GENERATE) and not target.has(Capability.EMBED_IMAGE):
+        return "builtin:vqa"
+    return "builtin:shapes"
 
 
 def _load_data(spec: str) -> Dataset:

@@ -1,4 +1,4 @@
-"""Datasets: built-in generators (``builtin:shapes``, ``builtin:textlines``) and user files."""
+"""Datasets: built-in generators (``builtin:shapes``, ``builtin:textlines``, ``builtin:vqa``) and user files."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ __all__ = ["BUILTIN_DATASETS", "Dataset", "Sample", "load_dataset"]
 BUILTIN_DATASETS = {
     "shapes": "coloured shapes (24 classes) with captions; held-out test split by default",
     "textlines": "rendered text lines (words, numbers, dates, prices) with transcriptions",
+    "vqa": "questions about the shapes images (colour, shape, position, count; some empty) with short answers",
 }
 
 
@@ -39,6 +40,13 @@ def _builtin(spec: str) -> Dataset:
         if opts:
             raise DataError(f"builtin:textlines takes n and seed; got {query!r}", code="data_bad_spec")
         return make_textlines(n or 200, seed=seed)
+    if name == "vqa":
+        from mmchaos.data.vqa import make_vqa
+
+        split = opts.pop("split", "test")
+        if split not in ("train", "val", "test") or opts:
+            raise DataError(f"builtin:vqa takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec")
+        return make_vqa(n or 200, seed=seed, split=split)
     raise DataError(f"unknown built-in dataset {name!r} (known: {', '.join(BUILTIN_DATASETS)})", code="data_bad_spec")
 
 
@@ -48,7 +56,9 @@ def load_dataset(spec: str) -> Dataset:
         return _builtin(spec.removeprefix("builtin:"))
     path = Path(spec).expanduser()
     if not path.exists():
-        hint = " (built-in sets are builtin:shapes and builtin:textlines)" if spec in BUILTIN_DATASETS else ""
+        hint = (
+            " (built-in sets are builtin:shapes, builtin:textlines and builtin:vqa)" if spec in BUILTIN_DATASETS else ""
+        )
         raise DataError(f"dataset not found: {spec}{hint}", code="data_missing_file")
     from mmchaos.data import files
 

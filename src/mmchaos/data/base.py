@@ -34,7 +34,8 @@ def load_image_file(path: Path) -> ImageArray:
 
 @dataclass
 class Sample:
-    """One item of a dataset; ``text`` is an OCR transcription, ``caption`` a description."""
+    """One item of a dataset; ``text`` is an OCR transcription, ``caption`` a description,
+    ``question``/``answer`` a visual question about the image and its short reference answer."""
 
     id: str
     image: ImageArray | None = None
@@ -43,6 +44,8 @@ class Sample:
     label: str | None = None
     text: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    question: str | None = None
+    answer: str | None = None
 
     def load_image(self) -> ImageArray:
         if self.image is not None:
@@ -92,6 +95,11 @@ class Dataset(Sequence[Sample]):
     def has_transcriptions(self) -> bool:
         return bool(self.samples) and all(s.text is not None for s in self.samples)
 
+    @property
+    def has_questions(self) -> bool:
+        """Every sample asks a question about its image and carries the reference answer."""
+        return bool(self.samples) and all(s.question is not None and s.answer is not None for s in self.samples)
+
     def head(self, n: int | None) -> Dataset:
         """The first ``n`` samples (all when ``n`` is None), as a dataset of the same kind."""
         if n is None or n >= len(self.samples):
@@ -116,6 +124,7 @@ class Dataset(Sequence[Sample]):
                     ("label", self.has_labels),
                     ("caption", self.has_captions),
                     ("text", self.has_transcriptions),
+                    ("question", self.has_questions),
                 )
                 if ok
             ],

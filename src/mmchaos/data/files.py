@@ -1,7 +1,8 @@
 """User datasets: a folder of class subfolders, or a CSV/JSONL file of rows.
 
 Rows carry ``image`` (a path, relative to the file's folder), and any of ``caption`` (for
-retrieval), ``label`` (for zero-shot classification) and ``text`` (an OCR transcription). Every
+retrieval), ``label`` (for zero-shot classification), ``text`` (an OCR transcription) and
+``question`` with ``answer`` (visual question answering on generative targets). Every
 problem names the file and line; nothing is skipped silently.
 """
 
@@ -19,7 +20,8 @@ from mmchaos.errors import DataError
 __all__ = ["IMAGE_SUFFIXES", "load_csv", "load_folder", "load_jsonl"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
-FIELDS = ("image", "caption", "label", "text", "id")
+FIELDS = ("image", "caption", "label", "text", "question", "answer", "id")
+_TEXT_FIELDS = ("caption", "label", "text", "question", "answer")
 
 
 def _check_image(path: Path, where: str) -> None:
@@ -42,13 +44,15 @@ def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> S
     if not isinstance(image, str) or not image.strip():
         raise DataError(f"{where}: missing 'image' path", code="data_bad_row")
     values: dict[str, str | None] = {}
-    for key in ("caption", "label", "text"):
+    for key in _TEXT_FIELDS:
         value = row.get(key)
         if value is not None and not isinstance(value, str):
             raise DataError(f"{where}: '{key}' must be a string, got {type(value).__name__}", code="data_bad_row")
         values[key] = value if value != "" or key == "text" else None
-    if values["caption"] is None and values["label"] is None and values["text"] is None:
-        raise DataError(f"{where}: a row needs at least one of caption, label, text", code="data_bad_row")
+    if (values["question"] is None) != (values["answer"] is None):
+        raise DataError(f"{where}: 'question' and 'answer' go together", code="data_bad_row")
+    if all(values[k] is None for k in ("caption", "label", "text", "question")):
+        raise DataError(f"{where}: a row needs at least one of caption, label, text, question", code="data_bad_row")
     path = (base / image).resolve() if not Path(image).is_absolute() else Path(image)
     _check_image(path, where)
     return Sample(
@@ -57,13 +61,15 @@ def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> S
         caption=values["caption"],
         label=values["label"],
         text=values["text"],
+        question=values["question"],
+        answer=values["answer"],
     )
 
 
 def _finish(name: str, samples: list[Sample], source: Path) -> Dataset:
     if not samples:
         raise DataError(f"{source}: no samples", code="data_empty")
-    for field in ("caption", "label", "text"):
+    for field in _TEXT_FIELDS:
         have = sum(getattr(s, field) is not None for s in samples)
         if 0 < have < len(samples):
             raise DataError(

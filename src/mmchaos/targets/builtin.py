@@ -6,11 +6,14 @@ from pathlib import Path
 
 from mmchaos.targets.base import Target
 
-__all__ = ["BUILTIN_TARGETS", "TINY_CLIP_DIR", "load_builtin"]
+__all__ = ["BUILTIN_TARGETS", "TINY_CLIP_DIR", "TINY_VLM_DIR", "load_builtin"]
 
 TINY_CLIP_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-clip"
+TINY_VLM_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-vlm"
 BUILTIN_TARGETS = {
     "tiny-clip": "a 0.4M-parameter CLIPModel trained here on the shapes data (embeds images and texts)",
+    "tiny-vlm": "a LLaVA VLM (tiny-clip's vision tower, a tiny Llama) trained here to answer questions about "
+    "the shapes data (generates)",
     "ppocr": "PP-OCRv4 text-line recognizer from rapidocr-onnxruntime (reads text)",
     "ppocr-det": "PP-OCRv4 detection + recognition pipeline (reads text in whole images; slow)",
 }
@@ -21,6 +24,10 @@ def load_builtin(name: str, *, device: str = "cpu", **_: object) -> Target:
         from mmchaos.targets.hf import HFContrastiveTarget
 
         return HFContrastiveTarget(str(TINY_CLIP_DIR), uri="builtin:tiny-clip", device=device)
+    if name == "tiny-vlm":
+        from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+
+        return HFVisionLanguageTarget(TINY_VLM_DIR, uri="builtin:tiny-vlm", device=device)
     from mmchaos.targets.ppocr import PPOCRTarget
 
     return PPOCRTarget(detect=name == "ppocr-det")

@@ -15,13 +15,16 @@ for _name, _spec in {
     "retrieval_t2i": "mmchaos.tasks.embedding:TextToImageRetrieval",
     "retrieval_i2t": "mmchaos.tasks.embedding:ImageToTextRetrieval",
     "ocr": "mmchaos.tasks.ocr:OCRTask",
+    "vqa": "mmchaos.tasks.generative:VQAAccuracy",
+    "vlm_ocr": "mmchaos.tasks.generative:GenerativeOCR",
+    "caption_cer": "mmchaos.tasks.generative:CaptionCER",
 }.items():
     REGISTRY.register(_name, _spec)
 
 # Preference order of tasks when the perturbed modality is image or text.
 _PREFERENCE = {
-    "image": ("ocr", "zero_shot", "retrieval_i2t"),
-    "text": ("retrieval_t2i",),
+    "image": ("ocr", "zero_shot", "retrieval_i2t", "vqa", "vlm_ocr"),
+    "text": ("retrieval_t2i", "vqa"),
 }
 
 

@@ -2,7 +2,9 @@
 
 Each probe is sent alone and next to a normal input of the same modality (one bad item must not
 poison its batch neighbour). A reader that transcribes text from a blank image is reporting
-garbage, and fails too.
+garbage, and fails too. A generative target (VLM) is asked about blank and absent images and must
+abstain rather than describe what is not there (see :mod:`.missing_vlm`); an image-only request
+must not crash it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, CheckGate, Params
+from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
+from mmchaos.checks.robustness.missing_vlm import Answer, VLMProbe, ask_one, probe_questions, vlm_probes
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 
@@ -34,15 +37,27 @@ BLANK_TEXTS = {"empty_text": "", "whitespace_text": "   \t\n ", "single_space_te
 
 class MissingModalityParams(Params):
     image_size: int = Field(224, ge=1, le=4096, description="side of the blank images")
+    questions: int = Field(4, ge=1, le=32, description="generative targets: questions asked about each blank image")
+    max_new_tokens: int = Field(24, ge=1, le=512, description="generative targets: answer length limit")
 
 
-class MissingModality(Check[MissingModalityParams, CheckGate]):
-    """Blank/uniform images and empty/whitespace texts: no crash, no NaN, no invented text."""
+class MissingModalityGate(Gate):
+    max_hallucination_rate: float = Field(
+        0.25, ge=0.0, le=1.0, description="share of questions about a blank/absent image answered as if it held content"
+    )
+    confident_at: float = Field(
+        0.5, gt=0.0, le=1.0, description="mean token probability from which a hallucination counts as confident"
+    )
+
+
+class MissingModality(Check[MissingModalityParams, MissingModalityGate]):
+    """Blank/uniform images and empty/whitespace texts: no crash, no NaN, no invented text or answer."""
 
     name = "missing_modality"
     step = Step.ROBUSTNESS
-    requires = ANY_MODALITY
+    requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
     Params = MissingModalityParams
+    Gate = MissingModalityGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -59,13 +74,82 @@ class MissingModality(Check[MissingModalityParams, CheckGate]):
         if target.has(Capability.EMBED_TEXT):
             for name, text in BLANK_TEXTS.items():
                 probes.append((name, text, target.embed_texts, normal_text, "embed"))
-        bar = ctx.progress.task(f"{ctx.check_id}: probes", total=len(probes))
+        generative: list[VLMProbe] = []
+        if target.has(Capability.GENERATE):
+            generative = list(vlm_probes(blank_images(p.image_size), probe_questions(ctx.dataset, p.questions)))
+        bar = ctx.progress.task(f"{ctx.check_id}: probes", total=len(probes) + len(generative) + bool(generative))
         try:
             for name, value, fn, neighbour, kind in probes:
                 yield self._probe(ctx, name, value, fn, neighbour, kind)
                 bar.advance()
+            for probe in generative:
+                yield self._ask(ctx, probe)
+                bar.advance()
+            if generative:
+                yield self._image_only(
+                    ctx, normal_image if normal_image is not None else blank_images(32)["gray_image"]
+                )
+                bar.advance()
         finally:
             bar.close()
+
+    def _ask(self, ctx: CheckContext, probe: VLMProbe) -> Finding:
+        """Questions about a blank or absent image: abstain, do not describe what is not there."""
+        p, g = self.params, self.gate
+        label = f"generate:{probe.name}"
+        content_of = (lambda q: (probe.image, q)) if probe.image is not None else (lambda q: (q,))
+        answers = [ask_one(ctx.target, content_of(q), q, p.max_new_tokens) for q in probe.questions]
+        artifacts = [] if probe.image is None else [image_artifact(safe_name(f"{ctx.check_id}-{probe.name}.png"),
+                                                                   probe.image)]  # fmt: skip
+        evidence: dict[str, Any] = {"probe": probe.name, "call": "generate", "answers": [a.record() for a in answers]}
+        if artifacts:
+            evidence["input_artifact"] = artifacts[0].name
+        crashed = [a for a in answers if a.crashed]
+        if crashed:
+            return self.finding(
+                ctx, Verdict.FAIL, f"{label}: the target raised {type(crashed[0].error).__name__}",
+                severity=Severity.HIGH, metrics={"crashed": float(len(crashed))}, gate="no exception",
+                message=f"{type(crashed[0].error).__name__}: {crashed[0].error}"[:500],
+                suggestion="handle a missing or blank image explicitly: answer that there is nothing to see, or "
+                "reject with a typed error", evidence=evidence, artifacts=artifacts,
+            )  # fmt: skip
+        metrics = _hallucination_metrics(answers, g.confident_at)
+        gate = f"hallucination rate <= {g.max_hallucination_rate} (answers that are not abstentions)"
+        what = "a blank image" if probe.image is not None else "no image"
+        if metrics["hallucination_rate"] > g.max_hallucination_rate:
+            worst = next(a for a in answers if a.hallucinated)
+            return self.finding(
+                ctx, Verdict.FAIL,
+                f"{label}: {metrics['hallucination_rate']:.0%} of questions about {what} answered as if it held "
+                f"content (e.g. {worst.question!r} -> {worst.text[:40]!r})",
+                severity=Severity.MEDIUM, metrics=metrics, gate=gate,
+                suggestion="train or prompt the model to say when the image holds nothing (none-class answers), "
+                "or detect blank/missing images before the model", evidence=evidence, artifacts=artifacts,
+            )  # fmt: skip
+        rate = metrics["hallucination_rate"]
+        return self.finding(
+            ctx, Verdict.PASS, f"{label}: abstains about {what} (hallucination rate {rate:.0%})",
+            metrics=metrics, gate=gate, evidence=evidence,
+        )  # fmt: skip
+
+    def _image_only(self, ctx: CheckContext, image: np.ndarray) -> Finding:
+        """A request with an image and no text: an answer or a typed refusal, never a crash."""
+        answer: Answer = ask_one(ctx.target, (image,), "", self.params.max_new_tokens)
+        evidence: dict[str, Any] = {"probe": "image_only", "call": "generate", **answer.record()}
+        evidence.pop("question")
+        if answer.crashed:
+            return self.finding(
+                ctx, Verdict.FAIL, f"generate:image_only: the target raised {type(answer.error).__name__}",
+                severity=Severity.HIGH, metrics={"crashed": 1.0}, gate="an answer or a typed refusal",
+                message=f"{type(answer.error).__name__}: {answer.error}"[:500],
+                suggestion="accept a user turn that holds only an image (the chat template and processor must "
+                "not assume a text part), or reject it with a typed error", evidence=evidence,
+            )  # fmt: skip
+        how = f"refused cleanly ({getattr(answer.error, 'code', '')})" if answer.refused else "answered"
+        return self.finding(
+            ctx, Verdict.PASS, f"generate:image_only: {how}, no crash", metrics={"crashed": 0.0},
+            gate="an answer or a typed refusal", evidence=evidence,
+        )  # fmt: skip
 
     def _probe(
         self, ctx: CheckContext, name: str, value: Any, fn: Callable[[Sequence[Any]], Any], neighbour: Any, kind: str
@@ -157,3 +241,20 @@ class MissingModality(Check[MissingModalityParams, CheckGate]):
             gate="finite, non-zero embedding of shape (1, D), neighbour unaffected",
             evidence=evidence,
         )
+
+
+def _hallucination_metrics(answers: list[Answer], confident_at: float) -> dict[str, float]:
+    """Rates over the questions asked: hallucinated (not an abstention), confident ones, refusals."""
+    n = max(1, len(answers))
+    hallucinated = [a for a in answers if a.hallucinated]
+    confident = [a for a in hallucinated if a.confidence is not None and a.confidence >= confident_at]
+    metrics = {
+        "crashed": 0.0,
+        "questions": float(len(answers)),
+        "hallucination_rate": len(hallucinated) / n,
+        "refusal_rate": sum(a.refused for a in answers) / n,
+        "abstention_rate": sum(a.error is None and not a.hallucinated for a in answers) / n,
+    }
+    if any(a.confidence is not None for a in answers):
+        metrics["confident_hallucination_rate"] = len(confident) / n
+    return metrics

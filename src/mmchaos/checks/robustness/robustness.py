@@ -148,6 +148,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
     requires = (
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
         frozenset({Capability.READ_TEXT}),
+        frozenset({Capability.GENERATE}),
     )
     Params = RobustnessParams
     Gate = RobustnessGate
@@ -156,7 +157,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         p = self.params
         data = ctx.dataset.head(p.samples)
         images = [s.load_image() for s in data] if data.has_images else []
-        captions = [s.caption or "" for s in data] if data.has_captions else []
+        captions = _texts(data, ctx.target)
         selection = p.selected()
         bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
         constraint = None
@@ -220,7 +221,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         if pert.modality == Modality.IMAGE:
             return (images, None) if images else ([], "the dataset has no images")
         if pert.modality == Modality.TEXT:
-            return (captions, None) if captions else ([], "the dataset has no captions")
+            return (captions, None) if captions else ([], "the dataset has no captions or questions")
         assert isinstance(pert, MultimodalPerturbation)
         samples = [
             MultimodalSample(
@@ -401,7 +402,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             "perturbed_score": case.perturbed_score,
             "drop": round(case.drop, 6),
             "params": case.params,
-            "truth": sample.label or sample.text or sample.caption,
+            "truth": sample.label or sample.text or sample.answer or sample.caption,
             **case.extra,
         }
 
@@ -596,6 +597,15 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 record["perturbed_text"] = perturbed_text
             records.append(record)
         return records, artifacts
+
+
+def _texts(data: Dataset, target: Target) -> list[str]:
+    """The texts text perturbations work on: a VQA set's questions for a generative target that
+    does not embed texts (what it reads is the question), else the captions, else the questions."""
+    questions = [s.question or "" for s in data] if data.has_questions else []
+    if questions and target.has(Capability.GENERATE) and not target.has(Capability.EMBED_TEXT):
+        return questions
+    return [s.caption or "" for s in data] if data.has_captions else questions
 
 
 def _split(perturbed: Any) -> tuple[Any, str | None]:
