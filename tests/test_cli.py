@@ -283,6 +283,7 @@ def test_unusable_out_or_store_path_exits_2_before_the_run(  # type: ignore[no-u
     assert "batch_invariance" not in err, "the suite must not have run"
 
 
+@pytest.mark.integration  # runs the CLI in child processes under unshare
 def test_read_only_store_is_listed_and_rerendered_but_not_run_into(  # type: ignore[no-untyped-def]
     run_cli, tmp_path: Path, suite_file: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -312,6 +313,7 @@ def test_read_only_store_is_listed_and_rerendered_but_not_run_into(  # type: ign
         folder.chmod(0o755)
 
 
+@pytest.mark.integration  # runs the CLI in child processes under unshare
 def test_unwritable_out_unreadable_data_and_export_folder_exit_2(  # type: ignore[no-untyped-def]
     tmp_path: Path, suite_file: Path, subprocess_env: dict[str, str]
 ) -> None:

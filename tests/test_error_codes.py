@@ -4,6 +4,7 @@ every catalogued code is still raised somewhere: codes are an API, so they chang
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def _callee(call: ast.Call) -> str:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
 
 
+@functools.cache
 def codes_in_source() -> dict[str, set[str]]:
     """code -> the modules that raise it: ``code=...`` keywords, ``code = ...`` class attributes,
     the code argument of error constructors and the keys of ``*_CODES`` tables."""

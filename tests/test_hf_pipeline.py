@@ -26,6 +26,8 @@ from mmchaos.targets.hf import HFContrastiveTarget
 from tests import broken_models as bm
 from tests import broken_targets as bt
 
+pytestmark = pytest.mark.integration  # builds and runs tiny transformers models
+
 DATA = make_shapes(24, seed=2)
 
 

@@ -12,9 +12,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mmchaos.targets.builtin import TINY_CLIP_DIR
 
-pytestmark = pytest.mark.skipif(not (TINY_CLIP_DIR / "model.safetensors").is_file(), reason="built-in model absent")
+pytestmark = pytest.mark.integration  # runs the built-in model through the CLI
 
 SUITE = """
 name: packaging
