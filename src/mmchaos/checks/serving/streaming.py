@@ -440,9 +440,20 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         p, g = self.params, self.gate
         contents = self._contents(ctx, 1)
         before = client.running()
-        outcome, detail = _leave_mid_stream(dep, client.body(contents[0], p.disconnect_max_tokens, True),
-                                            p.request_timeout_s)  # fmt: skip
-        evidence: dict[str, Any] = {"outcome": outcome, "detail": detail, "running_before": before}
+        max_tokens = p.disconnect_max_tokens
+        while True:
+            outcome, detail = _leave_mid_stream(dep, client.body(contents[0], max_tokens, True), p.request_timeout_s)
+            if outcome != "refused" or " 4" not in detail or max_tokens <= 8:
+                break
+            # A 4xx for a long request is the server refusing max_tokens past its context (as vLLM
+            # does past max_model_len): ask for fewer tokens, still many more than a probe needs.
+            max_tokens //= 2
+        evidence: dict[str, Any] = {
+            "outcome": outcome,
+            "detail": detail,
+            "running_before": before,
+            "max_tokens": max_tokens,
+        }
         gate = (f"after a client leaves mid-stream, vllm:num_requests_running is back to its value before within "
                 f"{p.release_timeout_s:g} s and the next request is answered")  # fmt: skip
         if outcome != "left":
