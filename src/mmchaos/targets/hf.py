@@ -23,10 +23,9 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
-from mmchaos.guard.artefacts import package_versions
-from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
+from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.decode import check_image_array
-from mmchaos.targets.hub import local_dir
+from mmchaos.targets.hub import directory_fingerprint, local_dir
 
 __all__ = ["HFContrastiveTarget", "usable_positions"]
 
@@ -351,10 +350,7 @@ class HFContrastiveTarget(Target):
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
-            self._fingerprint = Fingerprint(
-                **component_hashes(self.path),
-                versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
-            )
+            self._fingerprint = directory_fingerprint(self.path)
         return self._fingerprint
 
     def describe(self) -> dict[str, Any]:

@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
-from mmchaos.guard.artefacts import package_versions
-from mmchaos.targets.base import Capability, Fingerprint, ImageArray, Target, component_hashes
+from mmchaos.targets.base import Capability, Fingerprint, ImageArray, Target
 from mmchaos.targets.generation import (
     Completion,
     FinishReason,
@@ -34,7 +33,7 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
-from mmchaos.targets.hub import read_config
+from mmchaos.targets.hub import directory_fingerprint, read_config
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -445,10 +444,7 @@ class HFVisionLanguageTarget(Target):
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:
-            self._fingerprint = Fingerprint(
-                **component_hashes(self.path),
-                versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
-            )
+            self._fingerprint = directory_fingerprint(self.path)
         return self._fingerprint
 
     def describe(self) -> dict[str, Any]:

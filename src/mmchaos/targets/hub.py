@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos.errors import TargetLoadError
+from mmchaos.guard.artefacts import Fingerprint, component_hashes, package_versions
 
-__all__ = ["local_dir", "read_config"]
+__all__ = ["directory_fingerprint", "local_dir", "read_config"]
 
 
 def local_dir(source: str) -> Path:
@@ -40,3 +41,11 @@ def read_config(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def directory_fingerprint(path: Path) -> Fingerprint:
+    """The fingerprint of a transformers model directory, with the libraries that read it."""
+    return Fingerprint(
+        **component_hashes(path),
+        versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
+    )
