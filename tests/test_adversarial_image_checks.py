@@ -33,7 +33,21 @@ def test_typographic_attack_fails_a_model_that_reads_the_written_word(model_dir:
     assert finding.verdict == Verdict.FAIL and finding.step == Step.ADVERSARIAL
     assert finding.metrics["targeted_rate"] > 0.5  # it read the word, not just lost the object under it
     assert finding.metrics["attack_success_rate"] >= finding.metrics["targeted_rate"]
-    assert finding.artifacts and any(e["written"] == e["prediction"] for e in finding.evidence["examples"])
+    worst = finding.evidence["worst_cases"]
+    assert worst and any(e["written"] == e["prediction"] for e in worst)
+    names = {a.name for a in finding.artifacts}
+    assert {worst[0]["clean_artifact"], worst[0]["perturbed_artifact"]} <= names
+    assert worst[0]["perturbed_score"] < worst[0]["clean_score"]
+    # The recorded parameters replay the saved attacked image, byte for byte.
+    import io
+
+    from PIL import Image
+
+    from mmchaos.attacks.typographic import replay
+
+    saved = next(a.data for a in finding.artifacts if a.name == worst[0]["perturbed_artifact"])
+    again = replay(DATA[worst[0]["index"]].load_image(), worst[0]["params"])
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(saved))), again)
 
 
 def test_typographic_attack_passes_tiny_clip(model_dir: Path) -> None:
@@ -61,6 +75,7 @@ def test_semantic_margin_fails_a_checkerboard_gain_model(model_dir: Path) -> Non
     assert finding.verdict == Verdict.FAIL, finding.title
     assert finding.metrics["median"] < 1.0
     assert finding.evidence["per_class_median"] and finding.artifacts
+    assert finding.evidence["worst_cases"][0]["moved_to"] != finding.evidence["worst_cases"][0]["truth"]
 
 
 def test_semantic_margin_passes_tiny_clip(model_dir: Path) -> None:

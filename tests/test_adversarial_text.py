@@ -23,7 +23,7 @@ def test_text_attack_fails_a_target_whose_text_side_breaks_on_typos() -> None:
     assert finding.verdict == Verdict.FAIL and finding.step == Step.ADVERSARIAL
     assert finding.metrics["attack_success_rate"] > 0.5
     assert 1.0 <= finding.metrics["mean_substitutions_per_success"] <= 2.0
-    example = finding.evidence["examples"][0]
+    example = finding.evidence["worst_cases"][0]
     # The recorded substitution sequence replays to the adversarial text, and that text is a real win:
     adversarial = replay(example["original"], example["substitutions"])
     assert adversarial == example["adversarial"] != example["original"]
@@ -118,7 +118,7 @@ def test_retrieval_successes_really_lose_their_image() -> None:
     assert finding.evidence["task"] == "retrieval_t2i" and finding.metrics["attacked"] >= 1
     target = ShapeColourTarget()
     images = l2_normalise(target.embed_images([s.load_image() for s in DATA]))
-    for example in finding.evidence["examples"]:
+    for example in finding.evidence["worst_cases"]:
         sims = images @ l2_normalise(target.embed_texts([example["adversarial"]]))[0]
         assert int(np.argmax(sims)) != example["index"]
 
@@ -149,3 +149,21 @@ def test_text_attack_is_registered_and_skips_targets_without_both_towers() -> No
 def test_unknown_edit_kinds_are_refused_at_the_boundary() -> None:
     with pytest.raises(ValueError, match="kinds"):
         TextAttackParams.model_validate({"kinds": ["typo", "leet"]})
+
+
+def test_text_attack_changes_a_vlm_answer_with_an_edit_to_its_question() -> None:
+    """A generative target that routes questions by keyword: one typo in "how many" re-routes it."""
+    from mmchaos.data.vqa import make_vqa
+    from mmchaos.tasks.answers import normalised_match
+    from tests.vlm_fakes import PixelVQATarget
+
+    data = make_vqa(12)
+    target = PixelVQATarget()
+    [finding] = run_check_class(TextAttack, target, {"samples": 12, "query_budget": 30}, data=data)
+    assert finding.evidence["task"] == "vqa" and finding.evidence["text_attacked"] == "the question"
+    assert finding.verdict == Verdict.FAIL and finding.metrics["attack_success_rate"] > 0.5
+    for example in finding.evidence["worst_cases"]:
+        question = replay(example["original"], example["substitutions"])
+        sample = data[example["index"]]
+        answer = target.generate(question, [sample.load_image()]).text
+        assert answer == example["adversarial_answer"] and not normalised_match(answer, [sample.answer or ""])

@@ -4,7 +4,8 @@ Each step draws candidate edits of the words not yet touched -- a synonym from t
 table, a Latin letter swapped for its Cyrillic/Greek look-alike, a QWERTY-neighbour typo (the
 tables of :mod:`mmchaos.perturb.text`) -- asks the target to score every candidate in one batch,
 and keeps the edit that lowers the margin of the correct outcome most, until the outcome changes,
-the budget of target queries is spent, or ``max_substitutions`` words are changed.
+the budget of target queries is spent, or ``max_substitutions`` words are changed. Edits that
+tie (a target that only says right or wrong) are chosen among by the seeded generator.
 
 Candidates must keep the meaning: with the ``meaning`` extra installed, all-MiniLM-L6-v2 cosine
 similarity to the original text >= ``min_similarity`` (:mod:`mmchaos.perturb.meaning`);
@@ -241,9 +242,13 @@ def greedy_attack(
             cands, texts, sims = [cands[i] for i in picked], [texts[i] for i in picked], sims[picked]
         margins = np.asarray(score(texts), dtype=np.float64)
         record.queries += len(texts)
-        best = int(np.argmin(margins))
-        if margins[best] >= margin:  # no edit brings the boundary closer: stop (greedy)
+        lowest = float(margins.min())
+        if lowest > margin:  # every edit moves away from the boundary: stop (greedy)
             break
+        # Ties (a target that only says right/wrong scores every surviving edit alike) are broken
+        # by the seeded generator, so the search walks on instead of stopping.
+        tied = np.flatnonzero(margins == lowest)
+        best = int(tied[int(rng.integers(len(tied)))]) if len(tied) > 1 else int(tied[0])
         sub = cands[best]
         record.substitutions.append(sub)
         # A multi-word synonym ("close to") shifts later indices: re-find touched words by position.

@@ -35,7 +35,7 @@ class SemanticMarginParams(Params):
     candidates: int = Field(5, ge=1, description="closest other classes considered at each step")
     bisection_steps: int = Field(10, ge=0, description="halvings of the step length that refine each margin")
     batch_size: int = Field(32, ge=1)
-    examples: int = Field(3, ge=0, description="smallest-margin images saved (clean and moved, at tower resolution)")
+    worst_cases: int = Field(3, ge=0, description="smallest-margin images saved (clean and moved, tower resolution)")
 
 
 class SemanticMarginGate(Gate):
@@ -145,8 +145,8 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
         weakest = min(per_class, key=lambda c: per_class[c])
         metrics["worst_class_median"] = per_class[weakest]
         evidence["weakest_class"] = weakest
-        examples, artifacts = self._examples(ctx, data, idx, margins, to, classes, truth, x_all, deltas)
-        evidence["examples"] = examples
+        worst, artifacts = self._worst(ctx, data, idx, margins, to, classes, truth, x_all, deltas)
+        evidence.update({"perturbation": "semantic_margin", "metric": f"{p.norm} margin", "worst_cases": worst})
         floor = g.min_median_linf if p.norm == "linf" else g.min_median_l2
         unit_name = "/255" if p.norm == "linf" else " (L2)"
         gate = f"median {p.norm} margin >= {floor}{unit_name}"
@@ -169,27 +169,35 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
             message=f"median margin {metrics['median']:.3g}{unit_name} over {len(idx)} correct decisions",
         )  # fmt: skip
 
-    def _examples(
+    def _worst(
         self, ctx: CheckContext, data: Any, idx: Any, margins: Any, to: Any, classes: list[str], truth: Any,
         x_all: Any, deltas: Any,
     ) -> tuple[list[dict[str, Any]], list[Artifact]]:  # fmt: skip
         records: list[dict[str, Any]] = []
         artifacts: list[Artifact] = []
-        order = sorted(idx, key=lambda i: (margins[i], i))[: self.params.examples]
+        order = sorted(idx, key=lambda i: (margins[i], i))[: self.params.worst_cases]
+        unit = "/255" if self.params.norm == "linf" else " L2"
         for rank, i in enumerate(order, 1):
             if not np.isfinite(margins[i]):
                 break
-            stem = safe_name(f"{ctx.check_id}-{rank:02d}-{data[i].id}")
+            stem = safe_name(f"{ctx.check_id}-worst{rank:02d}-{data[i].id}")
             clean = _to_uint8(x_all[i])
             moved = _to_uint8((x_all[i] + deltas[i]).clamp(0, 1))
             records.append({
-                "sample": data[i].id, "index": int(i), "margin": round(float(margins[i]), 6),
-                "truth": classes[int(truth[i])], "moved_to": classes[int(to[i])],
-                "artifact": f"{stem}-clean-moved.png",
+                "rank": rank, "sample": data[i].id, "index": int(i), "margin": round(float(margins[i]), 6),
+                "severity": f" margin {float(margins[i]):.3g}{unit}", "truth": classes[int(truth[i])],
+                "clean_output": classes[int(truth[i])], "perturbed_output": classes[int(to[i])],
+                "moved_to": classes[int(to[i])], "params": {"norm": self.params.norm, "margin": float(margins[i])},
+                "clean_artifact": f"{stem}-clean.png", "perturbed_artifact": f"{stem}-moved.png",
+                "side_by_side_artifact": f"{stem}-clean-moved.png",
                 "note": "shown at the tower's resolution in 8-bit: rounding can undo a move below 1/255",
             })  # fmt: skip
             gap = np.full((clean.shape[0], 4, 3), 255, np.uint8)
-            artifacts.append(image_artifact(f"{stem}-clean-moved.png", np.concatenate([clean, gap, moved], axis=1)))
+            artifacts += [
+                image_artifact(f"{stem}-clean.png", clean),
+                image_artifact(f"{stem}-moved.png", moved),
+                image_artifact(f"{stem}-clean-moved.png", np.concatenate([clean, gap, moved], axis=1)),
+            ]
         return records, artifacts
 
 

@@ -24,17 +24,20 @@ from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import GenerationParams, Message
+from mmchaos.tasks.answers import normalised_match
 from mmchaos.tasks.base import embed, l2_normalise
 
 __all__ = ["TextAttack", "TextAttackGate", "TextAttackParams"]
 
-TaskName = Literal["auto", "zero_shot", "retrieval_t2i"]
+TaskName = Literal["auto", "zero_shot", "retrieval_t2i", "vqa"]
 
 
 class TextAttackParams(Params):
     task: TaskName = Field(
-        "auto", description="zero_shot (attack the true class's prompt) or retrieval_t2i (attack the caption query); "
-        "auto: zero_shot on labelled images, else retrieval_t2i on captioned ones"
+        "auto", description="zero_shot (attack the true class's prompt), retrieval_t2i (attack the caption query) or "
+        "vqa (attack a generative VLM's question); auto: zero_shot on labelled images, else retrieval_t2i on "
+        "captioned ones, else vqa"
     )  # fmt: skip
     samples: int = Field(32, ge=1, description="samples attacked (the first N of the dataset)")
     kinds: list[str] = Field(
@@ -45,7 +48,9 @@ class TextAttackParams(Params):
     query_budget: int = Field(60, ge=2, description="target queries (texts scored) per sample")
     min_similarity: float = Field(0.9, ge=0.0, le=1.0, description="all-MiniLM similarity the edited text must keep")
     batch_size: int = Field(64, ge=1)
-    examples: int = Field(5, ge=0, description="successful attacks recorded with their substitution sequences")
+    worst_cases: int = Field(
+        5, ge=0, description="successful attacks (most decisive first) recorded with their substitution sequences"
+    )
 
     @field_validator("kinds")
     @classmethod
@@ -88,12 +93,54 @@ class _TextScorer:
         return out, ok
 
 
+class _Answerer:
+    """Greedy answers of a generative target to (image, question), cached by (sample, question)."""
+
+    MAX_NEW_TOKENS = 16
+
+    def __init__(self, target: Target, batch_size: int) -> None:
+        self.target = target
+        self.batch_size = batch_size
+        self.answers: dict[tuple[int, str], str] = {}
+        self.refused = 0
+
+    def scorer(
+        self, image: npt.NDArray[np.uint8], references: list[str], key: int | None = None
+    ) -> Callable[[Sequence[str]], npt.NDArray[np.float64]]:
+        """Per question: mean token probability of the answer while it is right (>= 0), -1 once it is wrong.
+
+        Without log-probabilities every right answer scores 1: the greedy search then walks by seeded ties.
+        """
+        sample = id(image) if key is None else key
+        params = GenerationParams(max_new_tokens=self.MAX_NEW_TOKENS, logprobs=True)
+
+        def score(questions: Sequence[str]) -> npt.NDArray[np.float64]:
+            out = np.empty(len(questions))
+            for j in range(0, len(questions), self.batch_size):
+                part = list(questions[j : j + self.batch_size])
+                requests = [[Message("user", (image, q))] for q in part]
+                try:
+                    results = self.target.generate_batch(requests, params)
+                except TargetCallError:
+                    self.refused += len(part)
+                    out[j : j + len(part)] = np.inf
+                    continue
+                for k, (q, r) in enumerate(zip(part, results, strict=True)):
+                    self.answers[(sample, q)] = r.text
+                    lp = r.logprobs
+                    confidence = float(np.exp(np.mean(lp))) if lp else 1.0
+                    out[j + k] = confidence if normalised_match(r.text, references) else -1.0
+            return out
+
+        return score
+
+
 class TextAttack(Check[TextAttackParams, TextAttackGate]):
     """Greedy synonym/homoglyph/typo substitutions that change the answer under a meaning-kept constraint."""
 
     name = "text_attack"
     step = Step.ADVERSARIAL
-    requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),)
+    requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}), frozenset({Capability.GENERATE}))
     Params = TextAttackParams
     Gate = TextAttackGate
 
@@ -102,27 +149,35 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
         self.constraint = MeaningConstraint(self.params.min_similarity)
         """Replaceable before :meth:`run` (tests inject a sentence embedder here)."""
 
-    def _task(self, data: Dataset) -> str | None:
-        chosen = self.params.task
-        zero_shot = data.has_images and data.has_labels and len(data.classes) >= 2
-        retrieval = data.has_images and data.has_captions and len(data) >= 2
-        if chosen == "auto":
-            return "zero_shot" if zero_shot else "retrieval_t2i" if retrieval else None
-        return chosen if (zero_shot if chosen == "zero_shot" else retrieval) else None
+    def _task(self, data: Dataset, target: Target) -> str | None:
+        both = target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT)
+        fits = {
+            "zero_shot": both and data.has_images and data.has_labels and len(data.classes) >= 2,
+            "retrieval_t2i": both and data.has_images and data.has_captions and len(data) >= 2,
+            "vqa": target.has(Capability.GENERATE) and data.has_images and data.has_questions,
+        }
+        if self.params.task == "auto":
+            return next((name for name, ok in fits.items() if ok), None)
+        return self.params.task if fits[self.params.task] else None
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
         data = ctx.dataset.head(p.samples)
-        task = self._task(data)
+        task = self._task(data, ctx.target)
         if task is None:
             yield self.finding(
-                ctx, Verdict.SKIPPED, f"text attack: the dataset does not support task {p.task}",
-                message="zero_shot needs labelled images of two or more classes; retrieval_t2i captioned images",
+                ctx, Verdict.SKIPPED, f"text attack: the target and dataset do not support task {p.task}",
+                message="zero_shot needs labelled images of two or more classes, retrieval_t2i captioned images "
+                "(both: a target that embeds images and texts); vqa a generative target and questions about images",
             )  # fmt: skip
             return
         scorer = _TextScorer(ctx.target, p.batch_size)
-        images = embed(ctx.target, "embed_images", [s.load_image() for s in data], p.batch_size)
-        jobs = self._jobs(task, data, images, scorer)
+        answerer = _Answerer(ctx.target, p.batch_size)
+        if task == "vqa":
+            jobs = self._vqa_jobs(data, answerer)
+        else:
+            images = embed(ctx.target, "embed_images", [s.load_image() for s in data], p.batch_size)
+            jobs = self._jobs(task, data, images, scorer)
         records: list[tuple[int, AttackRecord]] = []
         bar = ctx.progress.task(f"{ctx.check_id}: samples", total=len(jobs))
         try:
@@ -139,7 +194,7 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
                 bar.advance()
         finally:
             bar.close()
-        yield self._finding(ctx, task, data, records, scorer)
+        yield self._finding(ctx, task, data, records, scorer, answerer)
 
     def _jobs(
         self, task: str, data: Dataset, images: npt.NDArray[np.float32], scorer: _TextScorer
@@ -164,8 +219,25 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
                          float(sims[i, i] - np.delete(sims[i], i).max())))  # fmt: skip
         return jobs
 
+    def _vqa_jobs(
+        self, data: Dataset, answerer: _Answerer
+    ) -> list[tuple[int, str, Callable[[Sequence[str]], npt.NDArray[np.float64]], float]]:
+        """Per sample: the question, a scorer (confidence of a right answer, -1 once wrong), its clean score."""
+        jobs = []
+        for i, s in enumerate(data):
+            refs = [s.answer or "", *[str(a) for a in s.meta.get("answers", ())]]
+            score = answerer.scorer(s.load_image(), refs, key=i)
+            jobs.append((i, s.question or "", score, float(score([s.question or ""])[0])))
+        return jobs
+
     def _finding(
-        self, ctx: CheckContext, task: str, data: Dataset, records: list[tuple[int, AttackRecord]], scorer: _TextScorer
+        self,
+        ctx: CheckContext,
+        task: str,
+        data: Dataset,
+        records: list[tuple[int, AttackRecord]],
+        scorer: _TextScorer,
+        answerer: _Answerer,
     ) -> Finding:
         p, g = self.params, self.gate
         n = len(records)
@@ -178,7 +250,7 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
             "mean_queries_per_success": float(np.mean([r.queries for r in wins])) if wins else 0.0,
             "mean_queries": float(np.mean([r.queries for _, r in records])) if records else 0.0,
             "rejected_by_meaning": float(sum(r.rejected_by_meaning for _, r in records)),
-            "refused_texts": float(scorer.refused),
+            "refused_texts": float(scorer.refused + answerer.refused),
         }
         if wins and self.constraint.active:
             metrics["mean_similarity_of_success"] = float(np.mean([r.similarity for r in wins]))
@@ -187,13 +259,29 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
             for sub in r.substitutions:
                 kinds[sub.kind] = kinds.get(sub.kind, 0) + 1
         metrics.update({f"edits_{k}": float(v) for k, v in sorted(kinds.items())})
-        examples = [{"sample": data[i].id, "index": i, **r.to_dict()} for i, r in records if r.success][: p.examples]
+        wins_first = sorted((kv for kv in records if kv[1].success), key=lambda kv: (kv[1].margin, kv[0]))
+        examples = [
+            {"rank": rank, "sample": data[i].id, "index": i, **r.to_dict(), "severity": len(r.substitutions),
+             "clean_text": r.original, "perturbed_text": r.adversarial, "clean_score": round(r.clean_margin, 6),
+             "perturbed_score": round(r.margin, 6), "params": [sub.to_dict() for sub in r.substitutions],
+             "truth": data[i].label if task == "zero_shot" else data[i].caption if task == "retrieval_t2i"
+             else data[i].answer}
+            for rank, (i, r) in enumerate(wins_first[: p.worst_cases], 1)
+        ]  # fmt: skip
+        for example in examples:
+            if task == "vqa":
+                example["clean_answer"] = answerer.answers.get((example["index"], example["original"]), "")
+                example["adversarial_answer"] = answerer.answers.get((example["index"], example["adversarial"]), "")
         evidence: dict[str, Any] = {
             "attack": "greedy word/character substitution (TextFooler-style, Jin et al. 2020) under a query budget",
             "task": task,
-            "text_attacked": "the true class's prompt" if task == "zero_shot" else "the caption used as the query",
+            "text_attacked": {
+                "zero_shot": "the true class's prompt",
+                "retrieval_t2i": "the caption used as the query",
+                "vqa": "the question",
+            }[task],
             "success": "zero-shot: the image no longer picks its class; retrieval_t2i: the caption no longer "
-            "retrieves its own image first",
+            "retrieves its own image first; vqa: the answer is no longer right (normalised match)",
             "meaning_constraint": self.constraint.describe(),
             "kinds": list(p.kinds),
             "max_substitutions": p.max_substitutions,
@@ -201,7 +289,9 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
             "seed": ctx.seed,
             "samples": len(data),
             "replay": "mmchaos.attacks.text.replay(original, substitutions)",
-            "examples": examples,
+            "perturbation": "text_attack",
+            "metric": "margin of the right answer (< 0: changed)",
+            "worst_cases": examples,
         }
         gate = f"attack success rate <= {g.max_success_rate}"
         if not n:

@@ -12,6 +12,7 @@ part of the object: the targeted rate tells reading from occlusion.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ class TypographicAttackParams(Params):
     severity: int = Field(3, ge=1, le=5, description="size and opacity of the written word (the typographic table)")
     words_per_image: int = Field(2, ge=1, description="wrong class names tried per image (runner-up first)")
     batch_size: int = Field(64, ge=1)
-    examples: int = Field(3, ge=0, description="successful attacks saved as clean/attacked images")
+    worst_cases: int = Field(3, ge=0, description="successful attacks saved as clean/attacked images")
 
 
 class TypographicAttackGate(Gate):
@@ -75,21 +76,21 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
                 image, params = render(images[k], word, p.severity, rng)
                 attacked.append((k, word, image, params))
         bar = ctx.progress.task(f"{ctx.check_id}: images", total=len(attacked))
-        preds: list[int] = []
+        rows: list[npt.NDArray[np.float32]] = []
         try:
             for start in range(0, len(attacked), p.batch_size):
                 chunk = [a[2] for a in attacked[start : start + p.batch_size]]
-                preds += [
-                    int(k) for k in (embed(ctx.target, "embed_images", chunk, p.batch_size) @ class_emb.T).argmax(1)
-                ]
+                rows += list(embed(ctx.target, "embed_images", chunk, p.batch_size) @ class_emb.T)
                 bar.advance(len(chunk))
         finally:
             bar.close()
-        flipped: dict[int, tuple[str, int, npt.NDArray[np.uint8], dict[str, Any]]] = {}
+        flipped: dict[int, _Flip] = {}
         read: set[int] = set()
-        for (i, word, image, params), pred in zip(attacked, preds, strict=True):
-            if pred != truth[i] and i not in flipped:
-                flipped[i] = (word, pred, image, params)
+        for (i, word, image, params), row in zip(attacked, rows, strict=True):
+            pred = int(row.argmax())
+            drop = float(logits[i, truth[i]] - row[truth[i]])
+            if pred != truth[i] and (i not in flipped or drop > flipped[i].drop):
+                flipped[i] = _Flip(word, pred, image, params, float(logits[i, truth[i]]), float(row[truth[i]]), drop)
             if classes[pred] == word:
                 read.add(i)
         n = len(correct)
@@ -100,7 +101,7 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
             "targeted_rate": len(read) / n if n else 0.0,
             "queries": float(len(attacked)),
         }
-        examples, artifacts = self._examples(ctx, data, images, classes, truth, flipped)
+        worst, artifacts = self._worst(ctx, data, images, classes, truth, flipped)
         evidence: dict[str, Any] = {
             "attack": "typographic (Goh et al. 2021): wrong class names rendered with the typographic kernel",
             "definition": "success: the zero-shot decision of a correctly classified image changes with any of the "
@@ -109,7 +110,9 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
             "words_per_image": p.words_per_image,
             "samples": len(data),
             "seed": ctx.seed,
-            "examples": examples,
+            "perturbation": "typographic_attack",
+            "metric": "cosine to the true class's prompt",
+            "worst_cases": worst,
         }
         gate = f"attack success rate <= {g.max_success_rate}" + (
             f", targeted rate <= {g.max_targeted_rate}" if g.max_targeted_rate is not None else ""
@@ -138,25 +141,49 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
             message=f"{len(flipped)} of {n} correct decisions changed by a written label",
         )  # fmt: skip
 
-    def _examples(
+    def _worst(
         self,
         ctx: CheckContext,
         data: Any,
         images: list[npt.NDArray[np.uint8]],
         classes: list[str],
         truth: npt.NDArray[Any],
-        flipped: dict[int, tuple[str, int, npt.NDArray[np.uint8], dict[str, Any]]],
+        flipped: dict[int, _Flip],
     ) -> tuple[list[dict[str, Any]], list[Artifact]]:
+        """The successful attacks that lowered the true class's score most, with clean/attacked images."""
         records: list[dict[str, Any]] = []
         artifacts: list[Artifact] = []
-        for rank, (i, (word, pred, image, params)) in enumerate(sorted(flipped.items())[: self.params.examples], 1):
-            stem = safe_name(f"{ctx.check_id}-{rank:02d}-{data[i].id}")
+        chosen = sorted(flipped.items(), key=lambda kv: (-kv[1].drop, kv[0]))[: self.params.worst_cases]
+        for rank, (i, flip) in enumerate(chosen, 1):
+            stem = safe_name(f"{ctx.check_id}-worst{rank:02d}-{data[i].id}")
             records.append({
-                "sample": data[i].id, "index": i, "truth": classes[int(truth[i])], "written": word,
-                "prediction": classes[pred], "params": params, "artifact": f"{stem}-side-by-side.png",
+                "rank": rank, "sample": data[i].id, "index": i, "truth": classes[int(truth[i])],
+                "written": flip.word, "prediction": classes[flip.pred], "severity": self.params.severity,
+                "clean_score": round(flip.clean_score, 6), "perturbed_score": round(flip.attacked_score, 6),
+                "drop": round(flip.drop, 6), "params": flip.params,
+                "clean_output": classes[int(truth[i])], "perturbed_output": classes[flip.pred],
+                "clean_artifact": f"{stem}-clean.png", "perturbed_artifact": f"{stem}-attacked.png",
+                "side_by_side_artifact": f"{stem}-side-by-side.png",
             })  # fmt: skip
-            artifacts.append(image_artifact(f"{stem}-side-by-side.png", _pair(images[i], image)))
+            artifacts += [
+                image_artifact(f"{stem}-clean.png", images[i]),
+                image_artifact(f"{stem}-attacked.png", flip.image),
+                image_artifact(f"{stem}-side-by-side.png", _pair(images[i], flip.image)),
+            ]
         return records, artifacts
+
+
+@dataclass
+class _Flip:
+    """One image whose decision a written word changed (the word that lowered the truth most)."""
+
+    word: str
+    pred: int
+    image: npt.NDArray[np.uint8]
+    params: dict[str, Any]
+    clean_score: float
+    attacked_score: float
+    drop: float
 
 
 def _pair(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], gap: int = 4) -> npt.NDArray[np.uint8]:
