@@ -167,3 +167,27 @@ def test_text_attack_changes_a_vlm_answer_with_an_edit_to_its_question() -> None
         sample = data[example["index"]]
         answer = target.generate(question, [sample.load_image()]).text
         assert answer == example["adversarial_answer"] and not normalised_match(answer, [sample.answer or ""])
+
+
+@pytest.mark.integration  # a real reference server on loopback
+def test_text_and_typographic_attacks_run_black_box_over_http_as_in_process() -> None:
+    """Both need only embeddings: through an ``openai:`` endpoint they find what they find in-process."""
+    from mmchaos.checks.adversarial.typographic_attack import TypographicAttack
+    from mmchaos.server import ServerThread
+    from mmchaos.targets import load_target
+
+    data = make_shapes(8)
+    local = ShapeColourTarget()
+    with ServerThread(ShapeColourTarget()) as srv:
+        remote = load_target(f"openai:{srv.base_url}")
+        try:
+            for check, params in (
+                (TextAttack, {"samples": 8, "query_budget": 20}),
+                (TypographicAttack, {"samples": 8}),
+            ):
+                [over_http] = run_check_class(check, remote, params, data=data)
+                [in_process] = run_check_class(check, local, params, data=data)
+                assert over_http.verdict == in_process.verdict and over_http.metrics == in_process.metrics
+                assert over_http.metrics["attacked"] >= 1
+        finally:
+            remote.close()
