@@ -70,11 +70,13 @@ def deepfool_margins(
     """
     torch = require("torch")
     n = int(x0.shape[0])
-    labels = labels.to(torch.long)
-    rows = torch.arange(n)
+    device = x0.device
+    labels = labels.to(device=device, dtype=torch.long)
+    class_emb = class_emb.to(device)
+    rows = torch.arange(n, device=device)
     r_tot = torch.zeros_like(x0)
-    active = torch.ones(n, dtype=torch.bool)
-    iterations = torch.zeros(n, dtype=torch.long)
+    active = torch.ones(n, dtype=torch.bool, device=device)
+    iterations = torch.zeros(n, dtype=torch.long, device=device)
     k_cand = max(1, min(candidates, int(class_emb.shape[0]) - 1))
     for _ in range(max_iter):
         x = (x0 + (1 + overshoot) * r_tot).clamp(0, 1).detach().requires_grad_(True)
@@ -87,7 +89,7 @@ def deepfool_margins(
         others[rows, labels] = -float("inf")
         cand = others.topk(k_cand, dim=1).indices  # (N, k): the closest other classes
         true_logit = logits[rows, labels]
-        best_dist = torch.full((n,), float("inf"))
+        best_dist = torch.full((n,), float("inf"), device=device)
         best_step = torch.zeros_like(x0)
         for j in range(k_cand):
             gap = logits[rows, cand[:, j]] - true_logit  # < 0 while the decision holds
@@ -109,8 +111,8 @@ def deepfool_margins(
     delta = ((x0 + (1 + overshoot) * r_tot).clamp(0, 1) - x0).detach()
     with torch.no_grad():
         flipped = _logits(forward, x0 + delta, class_emb).argmax(dim=1) != labels
-        lo = torch.zeros(n)
-        hi = torch.ones(n)
+        lo = torch.zeros(n, device=device)
+        hi = torch.ones(n, device=device)
         for _ in range(bisection_steps):  # smallest scale of delta that still flips
             mid = (lo + hi) / 2
             pred = _logits(forward, x0 + mid[:, None, None, None] * delta, class_emb).argmax(dim=1)
@@ -119,11 +121,12 @@ def deepfool_margins(
             lo = torch.where(moved, lo, mid)
         final = hi[:, None, None, None] * delta
         to = _logits(forward, x0 + final, class_emb).argmax(dim=1)
-    flat = final.reshape(n, -1).double()
-    l2 = np.where(flipped.numpy(), flat.norm(dim=1).numpy(), np.inf)
-    linf = np.where(flipped.numpy(), flat.abs().amax(dim=1).numpy(), np.inf)
-    flipped_to = np.where(flipped.numpy(), to.numpy(), -1).astype(np.int64)
-    return MarginResult(l2.astype(np.float64), linf.astype(np.float64), flipped_to, iterations.numpy(), final)
+    flat = final.reshape(n, -1).double().cpu()
+    moved = flipped.cpu().numpy()
+    l2 = np.where(moved, flat.norm(dim=1).numpy(), np.inf)
+    linf = np.where(moved, flat.abs().amax(dim=1).numpy(), np.inf)
+    flipped_to = np.where(moved, to.cpu().numpy(), -1).astype(np.int64)
+    return MarginResult(l2.astype(np.float64), linf.astype(np.float64), flipped_to, iterations.cpu().numpy(), final)
 
 
 @dataclass
