@@ -93,6 +93,7 @@ def test_semantic_margin_skips_a_target_without_white_box_access() -> None:
     assert reason is not None and "torch_module" in reason
 
 
+@pytest.mark.integration  # imports torch, which the fast tier does not pay for
 def test_deepfool_finds_the_exact_distance_to_a_linear_boundary() -> None:
     """On a linear embedding the linearisation is exact: the margin is |gap| / ||gradient||."""
     torch = pytest.importorskip("torch")

@@ -9,6 +9,7 @@ from mmchaos.attacks.text import MeaningConstraint, Substitution, candidate_edit
 from mmchaos.checks import REGISTRY
 from mmchaos.checks.adversarial.text_attack import TextAttack, TextAttackParams
 from mmchaos.data.shapes import make_shapes
+from mmchaos.errors import ConfigError
 from mmchaos.findings import Step, Verdict
 from mmchaos.tasks.base import l2_normalise
 from tests.adversarial_fakes import NormalisingTextTarget, normalise_word
@@ -99,8 +100,9 @@ def test_greedy_attack_is_seeded_within_budget_and_replayable() -> None:
     assert runs[0].to_dict() == runs[1].to_dict()
     assert runs[0].queries <= 15
     assert replay(runs[0].original, runs[0].substitutions) == runs[0].adversarial
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError) as info:
         replay("a blue square", [Substitution(1, "typo", "red", "rwd")])
+    assert info.value.code == "replay_mismatch"
 
 
 def test_candidates_draw_from_the_tables_and_skip_touched_words() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.errors import MissingDependencyError
+from mmchaos.errors import ConfigError, MissingDependencyError
 from mmchaos.perturb.meaning import MiniLMEmbedder, SentenceEmbedder
 from mmchaos.perturb.text import HOMOGLYPHS, KEYBOARD, match_case, replace_words, split_core, word_spans
 from mmchaos.perturb.text_tables import SYNONYMS
@@ -70,7 +70,7 @@ class Substitution:
 def apply_substitution(text: str, sub: Substitution) -> str:
     words = [text[s:e] for s, e in word_spans(text)]
     if not 0 <= sub.index < len(words) or words[sub.index] != sub.old:
-        raise ValueError(f"substitution {sub.to_dict()} does not match the text {text!r}")
+        raise ConfigError(f"substitution {sub.to_dict()} does not match the text {text!r}", code="replay_mismatch")
     return replace_words(text, {sub.index: sub.new})
 
 
