@@ -393,6 +393,21 @@ CHECK_TESTS: dict[str, tuple[str, str, str]] = {
         "test_metrics_exposure_fails_an_endpoint_without_metrics",
         "test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_off",
     ),
+    "text_attack": (
+        "test_adversarial_text",
+        "test_text_attack_fails_a_target_whose_text_side_breaks_on_typos",
+        "test_text_attack_passes_a_target_that_normalises_text",
+    ),
+    "typographic_attack": (
+        "test_adversarial_image_checks",
+        "test_typographic_attack_fails_a_model_that_reads_the_written_word",
+        "test_typographic_attack_passes_tiny_clip",
+    ),
+    "semantic_margin": (
+        "test_adversarial_image_checks",
+        "test_semantic_margin_fails_a_checkerboard_gain_model",
+        "test_semantic_margin_passes_tiny_clip",
+    ),
 }
 
 

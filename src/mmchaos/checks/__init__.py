@@ -36,5 +36,8 @@ for _name, _spec in {
     "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
     "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
     "generation_drift": "mmchaos.checks.observability.generation_drift:GenerationDrift",
+    "text_attack": "mmchaos.checks.adversarial.text_attack:TextAttack",
+    "typographic_attack": "mmchaos.checks.adversarial.typographic_attack:TypographicAttack",
+    "semantic_margin": "mmchaos.checks.adversarial.semantic_margin:SemanticMargin",
 }.items():
     REGISTRY.register(_name, _spec)

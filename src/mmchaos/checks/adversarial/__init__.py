@@ -1,0 +1,1 @@
+"""Step 3: adversarial checks (one check a file)."""
