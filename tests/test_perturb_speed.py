@@ -135,3 +135,73 @@ def test_shot_noise_past_the_table_uses_the_normal_approximation() -> None:
     counts = out / 255 * 5000
     assert counts.mean() == pytest.approx(128 / 255 * 5000, rel=0.01)
     assert counts.var() == pytest.approx(128 / 255 * 5000, rel=0.15)
+
+
+# --- superpixels and saliency maps are computed once per image ---------------------------------
+
+
+def test_a_second_severity_does_not_recompute_superpixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even from a new perturbation instance (the drift check and Ray work units make one per severity)."""
+    from mmchaos.perturb import _slic
+
+    calls: list[tuple[int, ...]] = []
+    real = _slic._slic
+
+    def counting(rgb: Any, *args: Any) -> Any:
+        calls.append(rgb.shape)
+        return real(rgb, *args)
+
+    monkeypatch.setattr(_slic, "_slic", counting)
+    monkeypatch.setattr(_slic, "SEGMENTS", _slic.SegmentCache())
+    images = [RNG.integers(0, 256, (120, 100, 3), dtype=np.uint8) for _ in range(3)]
+    first, _ = perturb.get("superpixel_occlusion")(images, 1, rng=0)
+    assert len(calls) == 3  # one segmentation an image, shared by sampling and applying
+    for severity in (2, 3, 5):
+        perturb.get("superpixel_occlusion")(images, severity, rng=0)
+    assert len(calls) == 3
+    changed = images[0].copy()
+    changed[0, 0] ^= 1
+    perturb.get("superpixel_occlusion")([changed], 1, rng=0)
+    assert len(calls) == 4  # keyed on the bytes: another image is segmented
+
+
+def test_cached_superpixels_are_the_computed_ones_and_the_cache_is_bounded() -> None:
+    from mmchaos.perturb._slic import SegmentCache, slic
+
+    image = RNG.integers(0, 256, (150, 130, 3), dtype=np.uint8)
+    cache = SegmentCache()
+    fresh = slic(image, cache=None)
+    assert np.array_equal(slic(image, cache=cache), fresh) and np.array_equal(slic(image, cache=cache), fresh)
+    assert (cache.misses, cache.hits) == (1, 1)
+    out = slic(image, cache=cache)
+    out[:] = 0  # the caller's copy: the cached labels stay as they were
+    assert np.array_equal(slic(image, cache=cache), fresh)
+    small = SegmentCache(max_bytes=3 * 96 * 84 * 4)
+    for i in range(6):
+        slic(np.roll(image, i, axis=0), cache=small)
+    assert len(small) == 3
+
+
+def test_a_second_severity_does_not_recompute_saliency() -> None:
+    from tests import fakes
+
+    class Counting(fakes.ShapeColourTarget):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedded = 0
+
+        def embed_images(self, images: Any) -> Any:
+            self.embedded += len(images)
+            return super().embed_images(images)
+
+    from mmchaos.data.shapes import make_shapes
+
+    images = [s.image for s in make_shapes(4, seed=2)]
+    target = Counting()
+    pert = perturb.get("saliency_occlusion").bind(perturb.BindContext(target=target))
+    pert(images, 1, rng=0)
+    first = target.embedded
+    assert first >= 4 * 16  # every image and its occluded variants
+    for severity in (2, 3, 4, 5):
+        pert(images, severity, rng=0)
+    assert target.embedded == first
