@@ -205,3 +205,10 @@ def test_a_second_severity_does_not_recompute_saliency() -> None:
     for severity in (2, 3, 4, 5):
         pert(images, severity, rng=0)
     assert target.embedded == first
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (5, 7), (24, 20, 3), (33, 17, 3)])
+def test_uniform16_is_numpys_16_bit_integers(shape: tuple[int, ...]) -> None:
+    """The fast draw gives NumPy's bytes, so noise records made before it replay unchanged."""
+    expected = np.random.default_rng(99).integers(0, 65536, size=shape, dtype=np.uint16)
+    assert np.array_equal(_ops.uniform16(np.random.default_rng(99), shape), expected)

@@ -97,15 +97,23 @@ def scaled_normal_quantiles(scale: float, offset: float = 0.0) -> F32:
 
 
 def uniform16(gen: np.random.Generator, shape: tuple[int, ...]) -> npt.NDArray[np.uint16]:
-    """Uniform 16-bit integers: the draws :func:`normal_noise` and the noise kernels look up."""
-    return gen.integers(0, 65536, size=shape, dtype=np.uint16)
+    """Uniform 16-bit integers: the draws :func:`normal_noise` and the noise kernels look up.
+
+    The bytes of ``gen.integers(0, 65536, size=shape, dtype=np.uint16)`` (NumPy fills a full
+    16-bit range from the 64-bit outputs, low half first: their little-endian 16-bit words), at a
+    third of its cost: the raw outputs viewed as 16-bit words. ``gen`` is not for further use.
+    """
+    count = int(np.prod(shape))
+    raw = gen.bit_generator.random_raw((count + 3) // 4)
+    words: npt.NDArray[np.uint16] = raw.astype("<u8", copy=False).view("<u2")[:count]
+    return words.reshape(shape)
 
 
 def uniform16_stack(seeds: list[int], shape: tuple[int, ...]) -> npt.NDArray[np.uint16]:
     """One :func:`uniform16` field per seed, stacked: item ``i`` equals ``uniform16(default_rng(seeds[i]))``."""
     out = np.empty((len(seeds), *shape), dtype=np.uint16)
     for i, seed in enumerate(seeds):
-        out[i] = uniform16(np.random.default_rng(seed), shape)
+        out[i] = uniform16(np.random.Generator(np.random.PCG64(seed)), shape)  # default_rng(seed)
     return out
 
 
