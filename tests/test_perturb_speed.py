@@ -83,10 +83,32 @@ def test_mixed_layouts_fall_back_to_the_per_image_path() -> None:
 
 
 def test_a_stacked_batch_is_used_in_place_and_never_returned_as_the_input() -> None:
-    assert rgb_stack(list(STACK)) is STACK
-    assert rgb_stack(list(STACK[::-1])) is not STACK  # not consecutive rows: a copy
+    same = rgb_stack(list(STACK))
+    assert same is not None and np.shares_memory(same, STACK) and np.array_equal(same, STACK)
+    reordered = rgb_stack(list(STACK[::-1]))  # not consecutive rows: a copy
+    assert reordered is not None and not np.shares_memory(reordered, STACK)
+    assert np.array_equal(reordered, STACK[::-1])
+    assert not np.shares_memory(rgb_stack(list(STACK[:, ::2])), STACK)  # not contiguous rows: a copy
     out, _ = perturb.get("channel_swap")(STACK, 0, rng=0)
-    assert out is not STACK and np.array_equal(out, STACK)
+    assert not np.shares_memory(out, STACK) and np.array_equal(out, STACK)
+
+
+class _Identity(ImagePerturbation):
+    """Returns its input unchanged, without a copy (a lazy plug-in might)."""
+
+    name = "identity_for_test"
+    stack_kernel = True
+
+    def sample(self, item: Any, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {}
+
+    def apply_stack(self, stack: Any, params: Any) -> Any:
+        return stack
+
+
+def test_a_kernel_returning_its_input_does_not_alias_the_callers_batch() -> None:
+    out, _ = _Identity()(STACK, 3, rng=0)
+    assert np.array_equal(out, STACK) and not np.shares_memory(out, STACK)
 
 
 # --- _ops.filter2d ------------------------------------------------------------------------------

@@ -242,8 +242,10 @@ class Perturbation(Generic[Item]):
             )
         if not arrays:
             return batch.copy()
-        whole = _whole_stack(arrays)
-        return whole if whole is not None and whole is not batch else np.stack(arrays)
+        whole: npt.NDArray[Any] | None = _whole_stack(arrays)
+        if whole is None or np.may_share_memory(whole, batch):  # never hand the caller's input back
+            return np.stack(arrays)
+        return whole
 
     @classmethod
     def summary(cls) -> str:
@@ -397,18 +399,23 @@ def rgb_stack(items: Sequence[Any]) -> ImageArray | None:
     return whole if whole is not None else np.stack(items)
 
 
-def _whole_stack(items: Sequence[Any]) -> Any:
-    """The contiguous array whose consecutive rows ``items`` are, or None."""
-    base = items[0].base
-    if not isinstance(base, np.ndarray) or base.shape != (len(items), *items[0].shape):
+def _whole_stack(items: Sequence[Any]) -> npt.NDArray[Any] | None:
+    """``items`` as one ``(N, *shape)`` array without a copy when they are consecutive blocks of one
+    contiguous buffer (the rows of a stack, even one a kernel made as ``(N * H, W, C)``), else None."""
+    first = items[0]
+    base = first.base
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or not first.flags.c_contiguous:
         return None
-    if not base.flags.c_contiguous:
+    if base.size != len(items) * first.size or base.dtype != first.dtype or base.ctypes.data != first.ctypes.data:
         return None
-    start, step = base.ctypes.data, base.strides[0]
+    step = first.nbytes
     for k, item in enumerate(items):
-        if item.base is not base or item.ctypes.data != start + k * step or not item.flags.c_contiguous:
+        if item.base is not base or item.shape != first.shape or item.ctypes.data != base.ctypes.data + k * step:
             return None
-    return base
+        if not item.flags.c_contiguous:
+            return None
+    whole: npt.NDArray[Any] = base.reshape(len(items), *first.shape)
+    return whole
 
 
 def param_groups(params: Sequence[dict[str, Any]], *keys: str) -> list[tuple[Any, dict[str, Any]]]:
