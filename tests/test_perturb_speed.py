@@ -70,6 +70,9 @@ def test_a_batch_bigger_than_one_chunk_matches_too(monkeypatch: pytest.MonkeyPat
     whole, applied = pert(STACK, 4, rng=1)
     monkeypatch.setattr(_stack, "CHUNK_VALUES", STACK[0].size * 2)  # chunks of two images
     assert np.array_equal(pert.replay(STACK, applied), whole)
+    items = tuple(pert(STACK[i : i + 1], 1 + 2 * (i % 3), rng=i)[1].items[0] for i in range(len(STACK)))
+    mixed = Applied(pert.name, 3, items)  # groups inside chunks
+    assert all(np.array_equal(b, a) for b, a in zip(pert.replay(STACK, mixed), _one_by_one(pert, STACK, mixed)))
 
 
 def test_mixed_layouts_fall_back_to_the_per_image_path() -> None:

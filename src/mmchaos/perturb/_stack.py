@@ -49,7 +49,9 @@ class StackKernel(ImagePerturbation):
         for start in range(0, len(stack), step):
             chunk = list(params[start : start + step])
             for idx, _ in param_groups(chunk, *self.KEYS):
-                at = np.arange(start, start + len(chunk))[idx]
-                group = [params[int(i)] for i in at]
-                out[at] = np.asarray(self.kernel(stack[at], group), dtype=np.uint8).reshape(len(at), *stack.shape[1:])
+                # The usual single group is a slice: a view of the stack, not a gathered copy.
+                at: Any = slice(start, start + len(chunk)) if isinstance(idx, slice) else start + idx
+                group = chunk if isinstance(idx, slice) else [chunk[int(i)] for i in idx]
+                values = np.asarray(self.kernel(stack[at], group), dtype=np.uint8)
+                out[at] = values.reshape(len(group), *stack.shape[1:])
         return out
