@@ -297,7 +297,9 @@ def write(
         "A batch of 64 images at severity 3: `replay(stack, record)` (one vectorised pass per cache-sized chunk) "
         "against replaying each image alone with its own parameters (the same bytes: tests/test_perturb_speed.py), "
         "and against calling the perturbation on one image at a time (`pert([image], 3, rng=i)`: a sample and a "
-        "record each, as a harness looping over images would).",
+        "record each, as a harness looping over images would). "
+        "At 224 x 224 a cache-sized chunk is one image, so batch and loop do the same work; on the shared "
+        "2-core machine (load average about 9 during these runs) these ratios move by up to 40% between runs.",
         "",
         "| kernel | size | replay loop ms | call loop ms | batch ms | replay loop / batch | call loop / batch |",
         "|---|---|---:|---:|---:|---:|---:|",
