@@ -59,18 +59,17 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
 
 
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
-    """``filter2D`` of a uint8 image on the faster path of the installed OpenCV.
+    """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    OpenCV 4 filters uint8 fastest as uint8; OpenCV 5's uint8 path for large kernels is about
-    twice as slow as its float32 one. Both give the same values up to rounding.
+    The uint8 input goes straight in and only the output is float32 (``ddepth=CV_32F``): on
+    OpenCV 5.0 converting the input to float32 first made defocus blur 1.6-2.7x slower than a
+    plain uint8 ``filter2D``, while this is within 5% of it (benchmarks/perturb_speed.md). The
+    values match the float32-input path except where float summation order moves a sum across
+    an integer (under 2% of values, by one level).
     """
-    if _OPENCV_MAJOR < 5:
-        return cv2.filter2D(img, -1, kernel, borderType=border)
-    out = cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border)
-    return np.clip(out, 0, 255).astype(np.uint8)
-
-
-_OPENCV_MAJOR = int(cv2.__version__.split(".")[0])
+    out = cv2.filter2D(img, cv2.CV_32F, kernel, borderType=border)
+    np.clip(out, 0.0, 255.0, out=out)
+    return out.astype(np.uint8)
 
 
 @lru_cache(maxsize=1)
@@ -87,10 +86,99 @@ def normal_quantiles() -> F32:
     return np.array([inv((i + 0.5) / 65536.0) for i in range(65536)], dtype=np.float32)
 
 
+@lru_cache(maxsize=16)
+def scaled_normal_quantiles(scale: float, offset: float = 0.0) -> F32:
+    """``offset + scale * normal_quantiles()`` in float32, made once per (scale, offset)."""
+    table = normal_quantiles() * np.float32(scale)
+    if offset:
+        table += np.float32(offset)
+    table.flags.writeable = False
+    return table
+
+
+def uniform16(gen: np.random.Generator, shape: tuple[int, ...]) -> npt.NDArray[np.uint16]:
+    """Uniform 16-bit integers: the draws :func:`normal_noise` and the noise kernels look up.
+
+    The bytes of ``gen.integers(0, 65536, size=shape, dtype=np.uint16)`` (NumPy fills a full
+    16-bit range from the 64-bit outputs, low half first: their little-endian 16-bit words), at a
+    third of its cost: the raw outputs viewed as 16-bit words. ``gen`` is not for further use.
+    """
+    count = int(np.prod(shape))
+    raw = gen.bit_generator.random_raw((count + 3) // 4)
+    words: npt.NDArray[np.uint16] = raw.astype("<u8", copy=False).view("<u2")[:count]
+    return words.reshape(shape)
+
+
+def uniform16_stack(seeds: list[int], shape: tuple[int, ...]) -> npt.NDArray[np.uint16]:
+    """One :func:`uniform16` field per seed, stacked: item ``i`` equals ``uniform16(default_rng(seeds[i]))``."""
+    out = np.empty((len(seeds), *shape), dtype=np.uint16)
+    for i, seed in enumerate(seeds):
+        out[i] = uniform16(np.random.Generator(np.random.PCG64(seed)), shape)  # default_rng(seed)
+    return out
+
+
+POISSON_TABLE_MAX = 1024.0
+POISSON_BITS = 14
+"""Quantile resolution of the shot-noise table: 2**14 levels a pixel value (4 MiB a photon count)."""
+
+
+@lru_cache(maxsize=8)
+def poisson_level_table(photons: float) -> U8:
+    """``(2**POISSON_BITS, 256)`` output levels of ImageNet-C's shot noise, indexed ``[quantile, level]``.
+
+    Entry ``[i, v]`` is ``trunc(clip(k * 255 / photons))`` for ``k`` the Poisson(``v * photons /
+    255``) quantile at ``(i + 0.5) / 2**POISSON_BITS``: inverse-CDF sampling, looked up instead
+    of drawn (NumPy's Poisson sampler took ten times longer than everything else in the
+    kernel). Counts of ``photons`` or more all saturate at 255, so the table stops there; the
+    probability resolution is 6e-5.
+    """
+    n = 1 << POISSON_BITS
+    top = math.ceil(photons)  # every count >= photons maps to 255
+    k = np.arange(top + 1, dtype=np.float64)
+    rates = np.arange(256, dtype=np.float64) * (photons / 255.0)
+    log_fact = np.array([math.lgamma(i + 1.0) for i in range(top + 1)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = k[None, :] * np.log(rates)[:, None] - rates[:, None] - log_fact[None, :]
+    logp[0, :] = -np.inf
+    logp[0, 0] = 0.0  # rate 0: always zero photons
+    cdf = np.cumsum(np.exp(logp), axis=1)[:, :top]  # P(count <= k), k < top
+    # count(i) = #{k : cdf[k] < q_i}: the first quantile index past each cdf step, counted up.
+    first = np.clip(np.floor(cdf * n - 0.5).astype(np.int64) + 1, 0, n)
+    steps = np.zeros((n + 1, 256), dtype=np.uint16)
+    np.add.at(steps, (first.ravel(), np.repeat(np.arange(256), top)), 1)
+    counts = np.cumsum(steps[:n], axis=0, dtype=np.uint16)
+    values = (np.arange(top + 1, dtype=np.float64) * (255.0 / photons)).astype(np.float32)
+    np.clip(values, 0.0, 255.0, out=values)
+    table: U8 = values.astype(np.uint8)[counts]
+    table.flags.writeable = False
+    return table
+
+
+def poisson_levels(images: Any, fields: npt.NDArray[np.uint16], photons: float) -> U8:
+    """Shot noise of uint8 ``images`` from uniform 16-bit ``fields`` of the same shape.
+
+    Past :data:`POISSON_TABLE_MAX` photons (no table of ImageNet-C's goes there) the table would
+    be large: the counts come from the normal approximation instead, through the same draws.
+    """
+    if photons > POISSON_TABLE_MAX:
+        rates = np.arange(256, dtype=np.float64) * (photons / 255.0)
+        z = np.take(normal_quantiles(), fields).astype(np.float64)
+        lam = rates[images]
+        counts = np.maximum(np.floor(lam + np.sqrt(lam) * z + 0.5), 0.0) * (255.0 / photons)
+        approx: U8 = np.clip(counts, 0, 255).astype(np.float32).astype(np.uint8)
+        return approx
+    table = poisson_level_table(float(photons))
+    index = fields >> np.uint16(16 - POISSON_BITS)
+    flat = index.astype(np.uint32)
+    flat <<= np.uint32(8)
+    flat |= images
+    out: U8 = np.take(table.reshape(-1), flat)
+    return out
+
+
 def normal_noise(gen: np.random.Generator, shape: tuple[int, ...], scale: float) -> F32:
     """Gaussian noise with standard deviation ``scale`` (see :func:`normal_quantiles`)."""
-    table = normal_quantiles() * np.float32(scale)
-    out: F32 = table[gen.integers(0, 65536, size=shape, dtype=np.uint16)]
+    out: F32 = np.take(scaled_normal_quantiles(float(scale)), uniform16(gen, shape))
     return out
 
 

@@ -240,7 +240,12 @@ class Perturbation(Generic[Item]):
                 "give the batch as a list to get a list back",
                 code="unstackable_output",
             )
-        return np.stack(arrays) if arrays else batch.copy()
+        if not arrays:
+            return batch.copy()
+        whole: npt.NDArray[Any] | None = _whole_stack(arrays)
+        if whole is None or np.may_share_memory(whole, batch):  # never hand the caller's input back
+            return np.stack(arrays)
+        return whole
 
     @classmethod
     def summary(cls) -> str:
@@ -263,8 +268,23 @@ class ImagePerturbation(Perturbation[ImageArray]):
         # (N, H, W, C): a stack of pictures; (H, W, C) and (H, W) stay "one item" (ambiguous).
         return batch.ndim == 4
 
+    stack_kernel: ClassVar[bool] = False
+    """Whether :meth:`apply_stack` does a whole batch in one vectorised pass (pointwise and noise kernels)."""
+
     def apply_batch(self, batch: Sequence[ImageArray], params: Sequence[dict[str, Any]]) -> list[ImageArray]:
+        if self.stack_kernel and len(batch) > 1:
+            stack = rgb_stack(batch)
+            if stack is not None:
+                return list(self.apply_stack(stack, params))
         return [self._apply_any_layout(item, p) for item, p in zip(batch, params, strict=True)]
+
+    def apply_stack(self, stack: ImageArray, params: Sequence[dict[str, Any]]) -> ImageArray:
+        """``(N, H, W, 3)`` uint8 in and out, each item exactly as :meth:`apply` makes it.
+
+        Kernels that set ``stack_kernel`` override this and define ``apply`` as a stack of one,
+        so the batched and the per-image paths cannot drift apart.
+        """
+        return np.stack([self.apply(item, p) for item, p in zip(stack, params, strict=True)])
 
     def transform_alpha(self, alpha: ImageArray, params: dict[str, Any]) -> ImageArray:
         """The alpha channel ``(H, W)`` after the perturbation; unchanged unless pixels move."""
@@ -361,6 +381,56 @@ class MultimodalPerturbation(Perturbation[MultimodalSample]):
 
     def usable(self, sample: MultimodalSample) -> bool:
         return all(getattr(sample, f) is not None for f in self.needs)
+
+
+def rgb_stack(items: Sequence[Any]) -> ImageArray | None:
+    """The items as one ``(N, H, W, 3)`` uint8 array, or None when they are not all such images.
+
+    Items that are consecutive rows of one contiguous stack (a stacked batch split by
+    ``list()``) give that stack back without a copy.
+    """
+    first = items[0]
+    if not isinstance(first, np.ndarray) or first.dtype != np.uint8 or first.ndim != 3 or first.shape[2] != 3:
+        return None
+    for item in items:
+        if not isinstance(item, np.ndarray) or item.dtype != np.uint8 or item.shape != first.shape:
+            return None
+    whole = _whole_stack(items)
+    return whole if whole is not None else np.stack(items)
+
+
+def _whole_stack(items: Sequence[Any]) -> npt.NDArray[Any] | None:
+    """``items`` as one ``(N, *shape)`` array without a copy when they are consecutive blocks of one
+    contiguous buffer (the rows of a stack, even one a kernel made as ``(N * H, W, C)``), else None."""
+    first = items[0]
+    base = first.base
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or not first.flags.c_contiguous:
+        return None
+    if base.size != len(items) * first.size or base.dtype != first.dtype or base.ctypes.data != first.ctypes.data:
+        return None
+    step = first.nbytes
+    for k, item in enumerate(items):
+        if item.base is not base or item.shape != first.shape or item.ctypes.data != base.ctypes.data + k * step:
+            return None
+        if not item.flags.c_contiguous:
+            return None
+    whole: npt.NDArray[Any] = base.reshape(len(items), *first.shape)
+    return whole
+
+
+def param_groups(params: Sequence[dict[str, Any]], *keys: str) -> list[tuple[Any, dict[str, Any]]]:
+    """Items that share the values of ``keys``: ``(index, params of the first)`` pairs.
+
+    The index is ``slice(None)`` when the whole batch agrees (the usual case: one severity), so
+    a stack kernel works on the stack itself instead of a gathered copy.
+    """
+    first = params[0]
+    if all(all(p[k] == first[k] for k in keys) for p in params):
+        return [(slice(None), first)]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(tuple(repr(p[k]) for k in keys), []).append(i)
+    return [(np.asarray(idx), params[idx[0]]) for idx in groups.values()]
 
 
 def severity_value(table: Sequence[Any], severity: int) -> Any:

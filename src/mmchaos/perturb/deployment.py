@@ -9,7 +9,6 @@ on one code path hits a share of the traffic; the draw is nested, so what is hit
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -425,21 +424,11 @@ class SuperpixelOcclusion(ImagePerturbation):
     N_SEGMENTS = 64
     COMPACTNESS = 10.0
 
-    def __init__(self) -> None:
-        self._labels: dict[bytes, Any] = {}
-
-    def _segments(self, rgb: ImageArray, n_segments: int, compactness: float) -> Any:
-        """SLIC labels, cached per image: sampling and applying both need them."""
-        digest = hashlib.blake2b(rgb.tobytes(), digest_size=16)
-        digest.update(f"{rgb.shape}/{n_segments}/{compactness}".encode())
-        key = digest.digest()
-        labels = self._labels.get(key)
-        if labels is None:
-            if len(self._labels) >= 512:
-                self._labels.clear()
-            labels = slic(rgb, n_segments, compactness)
-            self._labels[key] = labels
-        return labels
+    @staticmethod
+    def _segments(rgb: ImageArray, n_segments: int, compactness: float) -> Any:
+        """SLIC labels; memoised by image bytes in :data:`mmchaos.perturb._slic.SEGMENTS`, so
+        sampling, applying and every severity after the first reuse one segmentation."""
+        return slic(rgb, n_segments, compactness)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         labels = self._segments(_as_rgb(item), self.N_SEGMENTS, self.COMPACTNESS)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 
 from mmchaos.perturb import _ops
+from mmchaos.perturb._stack import StackKernel, rows
 from mmchaos.perturb.base import (
     GeometricMixin,
     ImageArray,
@@ -45,7 +47,7 @@ class JpegCompression(ImagePerturbation):
         return jpeg_roundtrip(item, int(params["quality"]))
 
 
-class Contrast(ImagePerturbation):
+class Contrast(StackKernel):
     """Contrast loss: each channel pulled towards its mean by ImageNet-C's factors."""
 
     name = "contrast"
@@ -56,16 +58,20 @@ class Contrast(ImagePerturbation):
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"factor": severity_value(self.TABLE, severity)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
-        factor = float(params["factor"])
-        means = cv2.mean(item)[:3]
+    KEYS = ("factor",)
+
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        factor = float(params[0]["factor"])
         # (v - mean) * factor + mean = v * factor + mean * (1 - factor): one scaling pass, one
         # per-channel offset (both saturate and round; within a level of the reference).
-        offset = (*(m * (1.0 - factor) for m in means), 0.0)
-        return as_u8(_ops.CV.add(cv2.convertScaleAbs(item, alpha=factor), offset))
+        scaled = cv2.convertScaleAbs(rows(images), alpha=factor).reshape(images.shape)
+        for i, item in enumerate(images):
+            offset = (*(m * (1.0 - factor) for m in cv2.mean(item)[:3]), 0.0)
+            _ops.CV.add(scaled[i], offset, dst=scaled[i])
+        return scaled
 
 
-class Saturate(ImagePerturbation):
+class Saturate(StackKernel):
     """HSV saturation scaled and offset (ImageNet-C's table: 1-2 wash colours out, 3-5 overdrive them)."""
 
     name = "saturate"
@@ -77,11 +83,14 @@ class Saturate(ImagePerturbation):
         scale, offset = severity_value(self.TABLE, severity)
         return {"scale": scale, "offset": offset}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+    KEYS = ("scale", "offset")
+
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        item = rows(images)
         hsv = np.asarray(cv2.cvtColor(item.astype(np.float32) * np.float32(1 / 255), cv2.COLOR_RGB2HSV), np.float32)
         sat = hsv[..., 1]
-        sat *= np.float32(params["scale"])
-        sat += np.float32(params["offset"])
+        sat *= np.float32(params[0]["scale"])
+        sat += np.float32(params[0]["offset"])
         np.clip(sat, 0, 1, out=sat)
         rgb = np.asarray(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB), dtype=np.float32)
         np.clip(rgb, 0, 1, out=rgb)

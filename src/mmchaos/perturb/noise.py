@@ -1,19 +1,25 @@
 """ImageNet-C noise corruptions (Hendrycks & Dietterich, 2019), with the reference tables.
 
-Noise fields are recorded as a seed, so a record stays small and replays bit for bit. Gaussian
-fields come from a 65536-entry quantile table indexed by uniform 16-bit draws (see
-:func:`mmchaos.perturb._ops.normal_noise`), three times faster than NumPy's float32 ziggurat.
+Noise fields are recorded as a seed, so a record stays small and replays bit for bit. Each field
+is drawn as uniform 16-bit integers from ``default_rng(seed)`` and looked up in a table: the
+quantiles of N(0, 1) for Gaussian fields (see :func:`mmchaos.perturb._ops.normal_noise`), the
+quantiles of the Poisson counts for shot noise (:func:`mmchaos.perturb._ops.poisson_levels`).
+The kernels work on a whole ``(N, H, W, 3)`` stack at once (``apply_stack``); one image is a
+stack of one, so batched and per-image results are the same bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 
-from mmchaos.perturb._ops import CV, normal_noise
-from mmchaos.perturb.base import ImageArray, ImagePerturbation, as_u8, draw_seed, severity_value
+from mmchaos.perturb import _ops
+from mmchaos.perturb._ops import CV
+from mmchaos.perturb._stack import StackKernel, rows
+from mmchaos.perturb.base import ImageArray, draw_seed, severity_value
 
 IMAGENET_C = "ImageNet-C (Hendrycks & Dietterich 2019)"
 IMAGENET_C_EXTRA = "ImageNet-C validation set (Hendrycks & Dietterich 2019)"
@@ -26,74 +32,83 @@ def _truncate(values: Any) -> ImageArray:
     return out
 
 
-class GaussianNoise(ImagePerturbation):
+def _fields(params: Sequence[dict[str, Any]], shape: tuple[int, ...]) -> Any:
+    """The uniform 16-bit noise fields of the items, from their recorded seeds."""
+    return _ops.uniform16_stack([int(p["seed"]) for p in params], shape)
+
+
+class GaussianNoise(StackKernel):
     """Additive Gaussian noise, sigma from ImageNet-C's table."""
 
     name = "gaussian_noise"
     group = "noise"
     source = IMAGENET_C
     TABLE = (0.08, 0.12, 0.18, 0.26, 0.38)
+    KEYS = ("sigma",)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"sigma": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
-        noise = normal_noise(np.random.default_rng(params["seed"]), item.shape, float(params["sigma"]) * 255.0)
-        return _truncate(cv2.add(noise, item, dtype=cv2.CV_32F))
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        fields = _fields(params, images.shape[1:])
+        noise = np.take(_ops.scaled_normal_quantiles(float(params[0]["sigma"]) * 255.0), fields)
+        return _truncate(cv2.add(rows(noise), rows(images), dtype=cv2.CV_32F))
 
 
-class ShotNoise(ImagePerturbation):
+class ShotNoise(StackKernel):
     """Poisson (photon) noise at ImageNet-C's photon counts."""
 
     name = "shot_noise"
     group = "noise"
-    source = IMAGENET_C
+    source = IMAGENET_C + " (Poisson counts drawn by inverse CDF)"
     TABLE = (60, 25, 12, 5, 3)
+    KEYS = ("photons",)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"photons": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
-        lam = float(params["photons"])
-        # The expected count of each of the 256 levels, looked up instead of computed per pixel.
-        rates = np.arange(256, dtype=np.float64) * (lam / 255.0)
-        counts = np.random.default_rng(params["seed"]).poisson(rates[item])
-        return _truncate((counts * (255.0 / lam)).astype(np.float32))
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        fields = _fields(params, images.shape[1:])
+        # Each output level is a function of (input level, uniform draw): one table, one gather.
+        return _ops.poisson_levels(images, fields, float(params[0]["photons"]))
 
 
-class ImpulseNoise(ImagePerturbation):
+class ImpulseNoise(StackKernel):
     """Salt-and-pepper noise: a share of the values set to 0 or 255 (ImageNet-C's amounts)."""
 
     name = "impulse_noise"
     group = "noise"
     source = IMAGENET_C
     TABLE = (0.03, 0.06, 0.09, 0.17, 0.27)
+    KEYS = ("amount",)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"amount": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        fields = _fields(params, images.shape[1:])
         # One 16-bit uniform per value: below amount/2 is pepper, amount/2..amount is salt (as
         # scikit-image's random_noise(mode='s&p') with salt_vs_pepper=0.5, in one draw).
-        u = np.random.default_rng(params["seed"]).integers(0, 65536, size=item.shape, dtype=np.uint16)
-        amount = float(params["amount"]) * 65536.0
+        u, item = rows(fields), rows(images)
+        amount = float(params[0]["amount"]) * 65536.0
         hit = CV.compare(u, amount, cv2.CMP_LT)
         salt = cv2.bitwise_and(hit, CV.compare(u, amount * 0.5, cv2.CMP_GE))
-        return as_u8(cv2.bitwise_or(cv2.bitwise_and(item, cv2.bitwise_not(hit)), salt))
+        return cv2.bitwise_or(cv2.bitwise_and(item, cv2.bitwise_not(hit)), salt)
 
 
-class SpeckleNoise(ImagePerturbation):
+class SpeckleNoise(StackKernel):
     """Multiplicative Gaussian noise, x + x * N(0, sigma) (ImageNet-C's validation corruption)."""
 
     name = "speckle_noise"
     group = "noise"
     source = IMAGENET_C_EXTRA
     TABLE = (0.15, 0.2, 0.35, 0.45, 0.6)
+    KEYS = ("sigma",)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"sigma": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
-        noise = normal_noise(np.random.default_rng(params["seed"]), item.shape, float(params["sigma"]))
-        noise += np.float32(1.0)
-        return _truncate(cv2.multiply(noise, item, dtype=cv2.CV_32F))
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
+        fields = _fields(params, images.shape[1:])
+        factor = np.take(_ops.scaled_normal_quantiles(float(params[0]["sigma"]), 1.0), fields)
+        return _truncate(cv2.multiply(rows(factor), rows(images), dtype=cv2.CV_32F))

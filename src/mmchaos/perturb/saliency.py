@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Self
 
@@ -31,6 +32,8 @@ from mmchaos.targets.base import Capability, Target
 
 GRID = 8
 OCCLUSION_GRID = 4
+MAX_MAPS = 16384
+"""Cell-saliency maps kept per bound perturbation (8 x 8 float32 each), least recently used out first."""
 
 
 def _find(target: Any, attribute: str) -> Any:
@@ -81,7 +84,7 @@ class SaliencyOcclusion(TargetAwarePerturbation):
 
     def __init__(self) -> None:
         super().__init__()
-        self._maps: dict[bytes, Any] = {}
+        self._maps: OrderedDict[bytes, Any] = OrderedDict()
         self._class_emb: Any = None
 
     def bind(self, context: BindContext) -> Self:
@@ -147,13 +150,19 @@ class SaliencyOcclusion(TargetAwarePerturbation):
                 maps = self._occlusion(todo)
             else:
                 maps = [spectral_residual(rgb) for rgb in todo]
-            if len(self._maps) > 4096:
-                self._maps.clear()
             for i, saliency in zip(missing, maps, strict=True):
                 self._maps[keys[i]] = cv2.resize(
                     np.asarray(saliency, dtype=np.float32), (GRID, GRID), interpolation=cv2.INTER_AREA
                 )
-        return [self._maps[k] for k in keys]
+        out = []
+        for k in keys:
+            self._maps.move_to_end(k)
+            out.append(self._maps[k])
+        # A least-recently-used bound (a few MB): a sweep over more images than it holds still
+        # reuses the maps of the images of its current batch at every severity.
+        while len(self._maps) > MAX_MAPS:
+            self._maps.popitem(last=False)
+        return out
 
     @staticmethod
     def _key(rgb: ImageArray, method: str) -> bytes:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 
 from mmchaos.perturb import _ops
+from mmchaos.perturb._stack import StackKernel, rows
 from mmchaos.perturb.base import ImageArray, ImagePerturbation, as_u8, draw_seed, severity_value
 from mmchaos.perturb.noise import IMAGENET_C, IMAGENET_C_EXTRA
 from mmchaos.perturb.textures import FROST_STYLES, frost_texture
@@ -113,7 +115,7 @@ class Fog(ImagePerturbation):
         return _to_uint8(x)
 
 
-class Brightness(ImagePerturbation):
+class Brightness(StackKernel):
     """Over-exposure: HSV value raised by ImageNet-C's offsets, hue and saturation kept."""
 
     name = "brightness"
@@ -124,10 +126,13 @@ class Brightness(ImagePerturbation):
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"offset": severity_value(self.TABLE, severity)}
 
-    def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
+    KEYS = ("offset",)
+
+    def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         # Raising V with H and S fixed scales each pixel's RGB by V'/V (V = max channel); a pure
         # black pixel (S = 0, H = 0) becomes grey V'. Both depend only on V: one 256-entry table.
-        offset = float(params["offset"]) * 255.0
+        item = rows(images)
+        offset = float(params[0]["offset"]) * 255.0
         levels = np.arange(256, dtype=np.float64)
         gain = np.minimum(levels + offset, 255.0) / np.maximum(levels, 1.0)
         r, g, b = cv2.split(item)
