@@ -101,5 +101,5 @@ class Finding:
         )
 
 
-AVAILABLE_STEPS = frozenset(Step) - {Step.ADVERSARIAL}
+AVAILABLE_STEPS = frozenset(Step)
 """The steps that have checks in this version; the others are reported as not available."""

@@ -36,5 +36,8 @@ for _name, _spec in {
     "drift_detection": "mmchaos.checks.observability.drift_detection:DriftDetection",
     "metrics_exposure": "mmchaos.checks.observability.metrics_exposure:MetricsExposure",
     "generation_drift": "mmchaos.checks.observability.generation_drift:GenerationDrift",
+    "adversarial_whitebox": "mmchaos.checks.adversarial.whitebox:WhiteBox",
+    "adversarial_blackbox": "mmchaos.checks.adversarial.blackbox:BlackBox",
+    "adversarial_transfer": "mmchaos.checks.adversarial.transfer:Transfer",
 }.items():
     REGISTRY.register(_name, _spec)
