@@ -176,3 +176,16 @@ def test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robus
     assert weak.evidence["surrogate_loss"].startswith("zero-shot")
     (strong,) = _run(Transfer(params), robust())
     assert strong.verdict == Verdict.PASS
+
+
+def test_the_html_report_draws_the_eps_curve_and_shows_clean_and_adversarial_images() -> None:
+    from mmchaos.report.html import render_html
+
+    robustness, _ = _run(_whitebox(), fragile())
+    doc = {**robustness.to_dict()}
+    html = render_html({"findings": [doc], "steps": []}, {a.name: a.data for a in robustness.artifacts})
+    section = html[html.index("Robust accuracy under attack") :]
+    assert "<polyline" in section and "eps (grey levels /255, 0 = clean)" in section
+    assert "eps 1/255" in html or "eps 2/255" in html
+    assert html.count("data:image/png;base64,") >= 3  # clean, adversarial, difference
+    assert "missing artifact" not in html

@@ -57,13 +57,13 @@ def test_validate_exit_0_and_reports(run_cli, tmp_path: Path, suite_file: Path) 
         assert f["verdict"] in ("pass", "fail", "error", "skipped")
         assert all(isinstance(v, float) for v in f["metrics"].values())
     steps = {s["name"]: s["status"] for s in results["steps"]}
-    assert steps["adversarial"] == "not available in this version", "no fake pass for unbuilt steps"
+    assert steps["adversarial"] == "not in this suite", "no fake pass for steps the suite did not run"
     assert steps["contract"] == "not in this suite"
     assert steps["engine"] == "pass" and steps["robustness"] == "pass"
     junit = ET.parse(tmp_path / "out" / "junit.xml").getroot()
     assert len(junit.findall(".//testcase")) == len(results["findings"])
     html = (tmp_path / "out" / "report.html").read_text()
-    assert results["run_id"] in html and "not available in this version" in html
+    assert results["run_id"] in html and "not in this suite" in html
 
 
 def test_validate_exit_1_when_a_gate_fails_and_evidence_is_saved(run_cli, tmp_path: Path, suite_file: Path) -> None:
