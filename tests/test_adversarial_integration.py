@@ -95,3 +95,52 @@ def test_validate_on_tiny_clip_shows_step_3(run_cli, tmp_path: Path) -> None:  #
     assert steps["adversarial"] in ("pass", "fail")
     html = (tmp_path / "out" / "report.html").read_text()
     assert "Robust accuracy under attack" in html and "<svg" in html
+
+
+def test_pgd_on_the_answer_likelihood_of_the_tiny_vlm() -> None:
+    """The generative loss: NLL of the reference answer through the VLM's own forward, with pixels
+    from the torch mirror of its processor (checked equal to the processor's output)."""
+    import torch
+
+    from mmchaos.attacks import AttackConfig, pgd, to_images, to_tensor
+    from mmchaos.attacks.losses import answer_nll_loss
+    from mmchaos.attacks.preprocess import processor_mirror
+    from mmchaos.data import load_dataset
+    from mmchaos.targets.builtin import load_builtin
+
+    target = load_builtin("tiny-vlm")
+    sample = load_dataset("builtin:vqa?n=1")[0]
+    image = sample.load_image()
+    inputs = target.build_inputs(sample.question or "", [image])
+    mirror = processor_mirror(target.processor.image_processor)
+    assert mirror is not None
+    x = to_tensor([image])
+    with torch.no_grad():
+        np.testing.assert_allclose(mirror.pixels(x).numpy(), inputs["pixel_values"].numpy(), atol=1e-5)
+    answer = target.tokenizer(sample.answer or "", add_special_tokens=False)["input_ids"]
+    loss = answer_nll_loss(target.model, inputs, answer, mirror.pixels)
+    with torch.no_grad():
+        clean = float(loss(x)[0])
+    adv, stats = pgd(loss, x, AttackConfig(eps=8 / 255, steps=5, seed=0))
+    with torch.no_grad():
+        attacked = float(loss(adv)[0])
+    assert stats.zero_gradient_share() == 0.0
+    assert attacked > clean + 0.5, (clean, attacked)
+    assert to_images(adv)[0].shape == image.shape
+
+
+def test_whitebox_runs_on_the_tiny_vlm_through_generate() -> None:
+    from mmchaos.checks.adversarial.whitebox import WhiteBox, WhiteBoxParams
+    from mmchaos.data import load_dataset
+    from mmchaos.targets.builtin import load_builtin
+
+    target = load_builtin("tiny-vlm")
+    check = WhiteBox(WhiteBoxParams(samples=3, eps=[8.0], steps=3))
+    ctx = CheckContext(target=target, dataset=load_dataset("builtin:vqa?n=3"), seed=0, check_id="adversarial_whitebox")
+    (finding,) = list(check.run(ctx))  # no masking check: a VLM gives no score to query
+    assert finding.verdict in (Verdict.PASS, Verdict.FAIL), finding.message
+    ev = finding.evidence
+    assert ev["task"] == "vqa" and ev["preprocessing"]["mode"] == "differentiable preprocessing"
+    assert [p["eps_255"] for p in ev["eps_curve"]] == [2.0, 8.0]  # the gate eps (2) is always measured
+    for case in ev["worst_cases"]:
+        assert case["clean_output"] != case["perturbed_output"] or case["perturbed_output"] is not None

@@ -28,7 +28,16 @@ from mmchaos._lazy import require
 from mmchaos.targets.base import Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["DIFFERENTIABLE", "PIXELS_AFTER_RESIZE", "ImagePath", "image_path", "to_images", "to_tensor"]
+__all__ = [
+    "DIFFERENTIABLE",
+    "PIXELS_AFTER_RESIZE",
+    "ImagePath",
+    "ProcessorMirror",
+    "image_path",
+    "processor_mirror",
+    "to_images",
+    "to_tensor",
+]
 
 Tensor = Any
 ImageArray = npt.NDArray[np.uint8]
@@ -103,19 +112,33 @@ def _size(value: Any, key: str) -> Any:
     return getattr(value, key, None)
 
 
-def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> ImagePath | None:
+@dataclass
+class ProcessorMirror:
+    """A CLIP-style image processor in torch: ``pixels(x)`` is its ``pixel_values`` for images
+    ``x`` (B, 3, H, W) in [0, 1], differentiable; ``output_hw`` the size it resizes ``(h, w)`` to."""
+
+    pixels: Callable[[Tensor], Tensor]
+    normalise: Callable[[Tensor], Tensor]
+    output_hw: Callable[[int, int], tuple[int, int]]
+    crop_hw: tuple[int, int] | None
+    resample: int
+
+
+def processor_mirror(proc: Any, device: str = "cpu") -> ProcessorMirror | None:
+    """The torch mirror of a CLIP-style image processor (resize to the shortest edge or a fixed
+    size, centre crop, rescale, normalise), or None for processors it does not know (patch budgets)."""
     torch = require("torch")
     functional = require("torch.nn.functional")
     size = getattr(proc, "size", None)
     shortest = _size(size, "shortest_edge")
     fixed = (_size(size, "height"), _size(size, "width"))
     crop = getattr(proc, "crop_size", None)
-    crop_hw = (_size(crop, "height"), _size(crop, "width")) if getattr(proc, "do_center_crop", False) else None
+    crop_raw = (_size(crop, "height"), _size(crop, "width")) if getattr(proc, "do_center_crop", False) else None
+    crop_hw = (int(crop_raw[0]), int(crop_raw[1])) if crop_raw and all(crop_raw) else None
     if not shortest and not all(fixed):
-        return None  # variable-resolution processors (patch budgets) are not mirrored
+        return None
     do_resize = bool(getattr(proc, "do_resize", True))
     factor = float(getattr(proc, "rescale_factor", 1 / 255)) if getattr(proc, "do_rescale", True) else 1.0
-    device = str(getattr(inner, "device", "cpu"))
     if getattr(proc, "do_normalize", True):
         mean = torch.tensor(list(proc.image_mean), dtype=torch.float32, device=device).view(1, -1, 1, 1)
         std = torch.tensor(list(proc.image_std), dtype=torch.float32, device=device).view(1, -1, 1, 1)
@@ -124,7 +147,7 @@ def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> Im
         std = torch.ones((1, 3, 1, 1), device=device)
     scale = 255.0 * factor  # the processor rescales 0..255 by factor; our pixels are already /255
 
-    def target_hw(h: int, w: int) -> tuple[int, int]:
+    def output_hw(h: int, w: int) -> tuple[int, int]:
         if not do_resize:
             return h, w
         if shortest:
@@ -133,30 +156,41 @@ def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> Im
             return (int(shortest), new_long) if h <= w else (new_long, int(shortest))
         return int(fixed[0]), int(fixed[1])
 
-    def geometry(x: Tensor) -> Tensor:
+    def normalise(x: Tensor) -> Tensor:
+        return (x * scale - mean) / std
+
+    def pixels(x: Tensor) -> Tensor:
         h, w = int(x.shape[-2]), int(x.shape[-1])
-        th, tw = target_hw(h, w)
+        th, tw = output_hw(h, w)
         if (th, tw) != (h, w):
             x = functional.interpolate(x, size=(th, tw), mode="bicubic", align_corners=False, antialias=True)
-        if crop_hw is not None and all(crop_hw):
-            ch, cw = int(crop_hw[0]), int(crop_hw[1])
+        if crop_hw is not None:
+            ch, cw = crop_hw
             top, left = max(0, (x.shape[-2] - ch) // 2), max(0, (x.shape[-1] - cw) // 2)
             x = x[..., top : top + ch, left : left + cw]
-        return x
+        return normalise(x)
+
+    return ProcessorMirror(pixels, normalise, output_hw, crop_hw, int(getattr(proc, "resample", 3)))
+
+
+def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> ImagePath | None:
+    device = str(getattr(inner, "device", "cpu"))
+    mirror = processor_mirror(proc, device)
+    if mirror is None:
+        return None
 
     def features_from_normalised(pixels: Tensor) -> Tensor:
         out = model.get_image_features(pixel_values=pixels)
         return out if hasattr(out, "detach") else out.pooler_output
 
     def features(x: Tensor) -> Tensor:
-        pixels = (geometry(x) * scale - mean) / std
-        return features_from_normalised(pixels)
+        return features_from_normalised(mirror.pixels(x))
 
     logit = getattr(model, "logit_scale", None)
     logit_scale = float(logit.detach().exp()) if logit is not None else 100.0
     probe = sample if sample is not None else np.full((97, 131, 3), 127, np.uint8)
     real = inner.preprocess_images([probe]).float()
-    mine = (geometry(to_tensor([probe], device)) * scale - mean) / std
+    mine = mirror.pixels(to_tensor([probe], device))
     gap = float((real - mine).abs().max()) if real.shape == mine.shape else float("inf")
     if gap <= MIRROR_TOLERANCE:
         return ImagePath(
@@ -172,17 +206,16 @@ def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> Im
         from PIL import Image
 
         h, w = image.shape[:2]
-        th, tw = target_hw(h, w)
-        resample = int(getattr(proc, "resample", 3))
-        out = np.asarray(Image.fromarray(image).resize((tw, th), resample=resample))
-        if crop_hw is not None and all(crop_hw):
-            ch, cw = int(crop_hw[0]), int(crop_hw[1])
+        th, tw = mirror.output_hw(h, w)
+        out = np.asarray(Image.fromarray(image).resize((tw, th), resample=mirror.resample))
+        if mirror.crop_hw is not None:
+            ch, cw = mirror.crop_hw
             top, left = max(0, (th - ch) // 2), max(0, (tw - cw) // 2)
             out = out[top : top + ch, left : left + cw]
         return np.ascontiguousarray(out)
 
     def features_after_resize(x: Tensor) -> Tensor:
-        return features_from_normalised((x * scale - mean) / std)
+        return features_from_normalised(mirror.normalise(x))
 
     return ImagePath(
         features=features_after_resize,

@@ -64,9 +64,10 @@ class Judge:
         self.data = data
         self.batch_size = batch_size
         self.budget = budget
-        self.kind = self.choose(target, data)
-        if self.kind is None:
+        kind = self.choose(target, data)
+        if kind is None:
             raise TargetCallError("no image task fits this target and dataset", code="attack_no_task")
+        self.kind: str = kind
         self.metric = {"zero_shot": "accuracy", "retrieval": "recall@1", "ocr": "unchanged read"}[self.kind]
         self.clean_reads: list[str] = []
         self.refs: npt.NDArray[np.float32] | None = None

@@ -28,6 +28,7 @@ from mmchaos.attacks.losses import retrieval_loss, unit_tensor, zero_shot_loss
 from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
 from mmchaos.attacks.query import QueryBudget, square_attack
 from mmchaos.checks.adversarial._common import Judge, by_shape, eps_label, eps_values, flip_cases, worst_records
+from mmchaos.checks.adversarial._generative import attack_vlm
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
@@ -68,13 +69,19 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
 
     name = "adversarial_whitebox"
     step = Step.ADVERSARIAL
-    requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.TORCH_MODULE}),)
+    requires = (
+        frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.TORCH_MODULE}),
+        frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),
+    )
     Params = WhiteBoxParams
     Gate = WhiteBoxGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
         data = ctx.dataset.head(ctx.max_samples or p.samples).head(p.samples)
+        if not ctx.target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT):
+            yield self._generative(ctx, data)
+            return
         kind = Judge.choose(ctx.target, data)
         clean = [s.load_image() for s in data] if data.has_images else []
         path = image_path(ctx.target, clean[0] if clean else None) if clean else None
@@ -113,9 +120,39 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
                 bar.advance()
         finally:
             bar.close()
-        yield self._robustness(ctx, data, path, judge, clean, inputs, clean_acc, robust, flip_at, adv_at, attacks)
+        cases = flip_cases(data, flip_at, p.worst_cases)
+        for case in cases:
+            i = case["index"]
+            case["clean_output"] = judge.outputs([inputs[i]], [i])[0]
+            case["perturbed_output"] = judge.outputs([adv_at[case["eps_255"]][i]], [i])[0]
+        yield self._robustness(
+            ctx, data, judge.kind, judge.metric, path.describe(), inputs, clean_acc, robust, flip_at, adv_at,
+            attacks, cases,
+        )  # fmt: skip
         if p.masking_check:
             yield self._masking(ctx, data, path, judge, inputs, clean_ok, adv_at[g.eps], stats[g.eps])
+
+    def _generative(self, ctx: CheckContext, data: Any) -> Finding:
+        """PGD on the answer likelihood of a VLM, judged through ``generate`` (no masking check:
+        there is no score to query black-box)."""
+        p, g = self.params, self.gate
+        if not (data.has_questions and data.has_images):
+            why = "a generative target needs a dataset of questions about images (e.g. builtin:vqa)"
+            return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
+        levels = sorted(set(p.eps) | {g.eps})
+        out = attack_vlm(ctx, data, levels, p.steps, p.random_start)
+        if isinstance(out, str):
+            return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {out}", message=out)
+        clean = [s.load_image() for s in data]
+        cases = flip_cases(data, out.flip_at, p.worst_cases)
+        for case in cases:
+            case["truth"] = data[case["index"]].answer
+            case["clean_output"] = out.clean_answers[case["index"]]
+            case["perturbed_output"] = out.answers[case["eps_255"]][case["index"]]
+        return self._robustness(
+            ctx, data, "vqa", "accuracy", out.preprocessing, clean, float(np.mean(out.clean_ok)), out.robust,
+            out.flip_at, out.adv_at, out.attacks, cases,
+        )  # fmt: skip
 
     def _attack(
         self, path: ImagePath, judge: Judge, inputs: list[Any], cfg: AttackConfig
@@ -145,15 +182,16 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         self,
         ctx: CheckContext,
         data: Any,
-        path: ImagePath,
-        judge: Judge,
-        clean: list[Any],
+        task: str,
+        metric: str,
+        preprocessing: dict[str, Any],
         inputs: list[Any],
         clean_acc: float,
         robust: dict[float, float],
         flip_at: dict[int, float],
         adv_at: dict[float, dict[int, Any]],
         attacks: list[dict[str, Any]],
+        cases: list[dict[str, Any]],
     ) -> Finding:
         p, g = self.params, self.gate
         metrics: dict[str, float] = {"clean": clean_acc}
@@ -164,31 +202,26 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         metrics["flipped"] = float(len(flip_at))
         if flip_at:
             metrics["median_flip_eps"] = float(np.median(list(flip_at.values())))
-        cases = flip_cases(data, flip_at, p.worst_cases)
-        for case in cases:
-            i = case["index"]
-            case["clean_output"] = judge.outputs([inputs[i]], [i])[0]
-            case["perturbed_output"] = judge.outputs([adv_at[case["eps_255"]][i]], [i])[0]
         artifacts = worst_records(ctx.check_id, data, cases, inputs, adv_at)
         evidence: dict[str, Any] = {
             "perturbation": f"PGD-{p.norm} white-box",
             "attack": "pgd" if p.steps > 1 or p.random_start else "fgsm",
-            "task": judge.kind,
-            "metric": judge.metric,
+            "task": task,
+            "metric": metric,
             "eps_curve": [{"eps_255": lv, "eps": lv / 255, "robust": robust[lv]} for lv in sorted(robust)],
             "attacks": attacks,
-            "preprocessing": path.describe(),
+            "preprocessing": preprocessing,
             "smallest_flip_eps": {data[i].id: flip_at.get(i) for i in range(len(data))},
             "samples": len(data),
             "seed": ctx.seed,
             "worst_cases": cases,
         }
-        gate = f"robust {judge.metric} at eps {eps_label(g.eps)} >= {g.min_relative:.0%} of clean"
-        where = f"({path.mode}: {path.note})"
-        title = (f"{judge.metric} {clean_acc:.2f} clean, {robust[g.eps]:.2f} under PGD at eps {eps_label(g.eps)} "
+        gate = f"robust {metric} at eps {eps_label(g.eps)} >= {g.min_relative:.0%} of clean"
+        where = f"({preprocessing.get('mode')}: {preprocessing.get('note')})"
+        title = (f"{metric} {clean_acc:.2f} clean, {robust[g.eps]:.2f} under PGD at eps {eps_label(g.eps)} "
                  f"({rel:.0%} of clean)")  # fmt: skip
         curve = ", ".join(f"{eps_label(lv)}: {robust[lv]:.2f}" for lv in sorted(robust))
-        message = f"robust {judge.metric} per eps {curve}; {len(flip_at)} sample(s) flipped {where}"
+        message = f"robust {metric} per eps {curve}; {len(flip_at)} sample(s) flipped {where}"
         if rel < g.min_relative:
             return self.finding(
                 ctx, Verdict.FAIL, title, severity=Severity.HIGH if rel < 0.25 else Severity.MEDIUM, metrics=metrics,
