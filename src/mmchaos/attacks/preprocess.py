@@ -86,11 +86,13 @@ def to_images(x: Tensor) -> list[ImageArray]:
     return [np.ascontiguousarray(a) for a in arr]
 
 
-def image_path(target: Target, sample: ImageArray | None = None) -> ImagePath | None:
+def image_path(target: Target, sample: ImageArray | None = None, *, exact: bool = True) -> ImagePath | None:
     """The target's differentiable image path, or None when it gives no white-box access.
 
     ``sample`` (a clean image) lets the HF mirror check itself against the processor's output on
-    real data; without one it checks a plain grey picture of the model's input size.
+    real data; without one it checks a plain grey picture of the model's input size. With
+    ``exact=False`` (a surrogate, whose images are replayed elsewhere) the torch mirror is used
+    even where its resize deviates from the processor's, and the deviation is noted.
     """
     inner = unwrap(target)
     own = getattr(inner, "image_torch_path", None)
@@ -101,7 +103,7 @@ def image_path(target: Target, sample: ImageArray | None = None) -> ImagePath | 
     processor = getattr(inner, "image_processor", None)
     if model is None or processor is None or not hasattr(model, "get_image_features"):
         return None
-    return _hf_path(inner, model, processor, sample)
+    return _hf_path(inner, model, processor, sample, exact)
 
 
 def _size(value: Any, key: str) -> Any:
@@ -173,7 +175,7 @@ def processor_mirror(proc: Any, device: str = "cpu") -> ProcessorMirror | None:
     return ProcessorMirror(pixels, normalise, output_hw, crop_hw, int(getattr(proc, "resample", 3)))
 
 
-def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> ImagePath | None:
+def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None, exact: bool = True) -> ImagePath | None:
     device = str(getattr(inner, "device", "cpu"))
     mirror = processor_mirror(proc, device)
     if mirror is None:
@@ -192,7 +194,7 @@ def _hf_path(inner: Any, model: Any, proc: Any, sample: ImageArray | None) -> Im
     real = inner.preprocess_images([probe]).float()
     mine = mirror.pixels(to_tensor([probe], device))
     gap = float((real - mine).abs().max()) if real.shape == mine.shape else float("inf")
-    if gap <= MIRROR_TOLERANCE:
+    if gap <= MIRROR_TOLERANCE or not exact:
         return ImagePath(
             features=features,
             mode=DIFFERENTIABLE,

@@ -72,7 +72,7 @@ class Transfer(Check[TransferParams, TransferGate]):
         own = getattr(unwrap(ctx.target), "uri", "") == p.surrogate
         surrogate: Target = unwrap(ctx.target) if own else load_target(p.surrogate)
         try:
-            path = image_path(surrogate, clean[0])
+            path = image_path(surrogate, clean[0], exact=False)
             if path is None:
                 why = f"the surrogate {p.surrogate} gives no differentiable image path"
                 yield self.finding(ctx, Verdict.SKIPPED, f"transfer attack not run: {why}", message=why)
