@@ -85,6 +85,10 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         kind = Judge.choose(ctx.target, data)
         clean = [s.load_image() for s in data] if data.has_images else []
         path = image_path(ctx.target, clean[0] if clean else None) if clean else None
+        if kind == "ocr":
+            why = "white-box OCR needs a recogniser with a torch CTC head; attack it with adversarial_blackbox"
+            yield self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
+            return
         if kind is None or path is None:
             why = "the target gives no differentiable image path" if path is None and kind else (
                 "no image task fits this dataset (needs labels or captions)")  # fmt: skip
