@@ -189,3 +189,18 @@ def test_the_html_report_draws_the_eps_curve_and_shows_clean_and_adversarial_ima
     assert "eps 1/255" in html or "eps 2/255" in html
     assert html.count("data:image/png;base64,") >= 3  # clean, adversarial, difference
     assert "missing artifact" not in html
+
+
+@pytest.mark.parametrize(
+    ("params", "attack"),
+    [({"norm": "l2"}, "pgd"), ({"steps": 1, "random_start": False, "step_size": 4.0}, "fgsm")],
+)
+def test_whitebox_l2_and_fgsm_fail_the_fragile_target_and_record_their_attack(
+    params: dict[str, object], attack: str
+) -> None:
+    (robustness,) = _run(_whitebox(masking_check=False, **params), fragile())
+    assert robustness.verdict == Verdict.FAIL and robustness.evidence["attack"] == attack
+    recorded = robustness.evidence["attacks"][-1]
+    assert recorded["norm"] == params.get("norm", "linf") and recorded["eps_255"] == 4.0
+    (robust_finding,) = _run(_whitebox(masking_check=False, **params), robust())
+    assert robust_finding.verdict == Verdict.PASS

@@ -51,16 +51,30 @@ def zero_shot_logits(path: ImagePath, x: Tensor, class_emb: Tensor) -> Tensor:
     return path.logit_scale * feats @ class_emb.T
 
 
-def zero_shot_loss(path: ImagePath, class_emb: Tensor, labels: Sequence[int]) -> LossFn:
-    """Cross-entropy of the true class (untargeted: the attack raises it)."""
+def zero_shot_loss(path: ImagePath, class_emb: Tensor, labels: Sequence[int], kind: str = "margin") -> LossFn:
+    """Untargeted zero-shot loss: ``ce`` (cross-entropy of the true class) or ``margin`` (best
+    wrong logit minus the true one, Carlini-Wagner).
+
+    Cross-entropy saturates on a confident model (softmax of the wrong classes underflows, the
+    gradient vanishes: gradient masking by the loss itself); the margin never does, so it is the
+    default.
+    """
     torch = require("torch")
     functional = require("torch.nn.functional")
     truth = torch.tensor(list(labels), dtype=torch.int64, device=class_emb.device)
 
-    def loss(x: Tensor) -> Tensor:
+    def ce(x: Tensor) -> Tensor:
         return functional.cross_entropy(zero_shot_logits(path, x, class_emb), truth, reduction="none")
 
-    return loss
+    def margin(x: Tensor) -> Tensor:
+        logits = zero_shot_logits(path, x, class_emb)
+        true = logits.gather(1, truth[:, None])[:, 0]
+        wrong = logits.scatter(1, truth[:, None], float("-inf")).amax(dim=1)
+        return wrong - true
+
+    if kind not in ("ce", "margin"):
+        raise ValueError(f"zero-shot loss is 'ce' or 'margin', not {kind!r}")
+    return ce if kind == "ce" else margin
 
 
 def retrieval_loss(path: ImagePath, caption_emb: Tensor, wrong_emb: Tensor | None = None) -> LossFn:

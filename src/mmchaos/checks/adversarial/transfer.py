@@ -108,7 +108,7 @@ class Transfer(Check[TransferParams, TransferGate]):
             )
             index = {c: i for i, c in enumerate(data.classes)}
             truth = [index[s.label or ""] for s in data]
-            return "zero-shot cross-entropy on the surrogate", lambda part: zero_shot_loss(
+            return "zero-shot margin loss on the surrogate", lambda part: zero_shot_loss(
                 path, refs, [truth[i] for i in part]
             )
         with torch.no_grad():

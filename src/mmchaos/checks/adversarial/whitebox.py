@@ -44,6 +44,7 @@ class WhiteBoxParams(Params):
     steps: int = Field(10, ge=1, le=1000, description="PGD steps (1 with random_start false is FGSM)")
     step_size: float | None = Field(None, gt=0, description="per step, in grey levels; default 2.5*eps/steps")
     random_start: bool = True
+    loss: str = Field("margin", pattern="^(margin|ce)$", description="zero-shot loss: margin (CW) or ce (saturates)")
     samples: int = Field(32, ge=1, description="samples of the dataset attacked (the first N)")
     batch_size: int = Field(32, ge=1)
     worst_cases: int = Field(4, ge=0, description="flipped samples saved as clean/adversarial images")
@@ -172,7 +173,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
                 assert judge.refs is not None
                 refs = unit_tensor(judge.refs, path.device)
                 if judge.kind == "zero_shot":
-                    loss = zero_shot_loss(path, refs, [int(judge.truth[i]) for i in part])
+                    loss = zero_shot_loss(path, refs, [int(judge.truth[i]) for i in part], self.params.loss)
                 else:
                     loss = retrieval_loss(path, refs[torch.tensor(part)])
                 gen = torch.Generator(device=path.device)
@@ -214,6 +215,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             "metric": metric,
             "eps_curve": [{"eps_255": lv, "eps": lv / 255, "robust": robust[lv]} for lv in sorted(robust)],
             "attacks": attacks,
+            "loss": "answer NLL" if task == "vqa" else ("cosine to own caption" if task == "retrieval" else p.loss),
             "preprocessing": preprocessing,
             "smallest_flip_eps": {data[i].id: flip_at.get(i) for i in range(len(data))},
             "samples": len(data),
