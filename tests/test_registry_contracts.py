@@ -272,6 +272,21 @@ def test_a_loaded_target_fingerprints_and_its_capabilities_are_honest(
 
 #: check -> (test module, a test where a broken target fails it, a test where a correct one passes).
 CHECK_TESTS: dict[str, tuple[str, str, str]] = {
+    "adversarial_whitebox": (
+        "test_adversarial",
+        "test_whitebox_fails_a_fragile_target",
+        "test_whitebox_passes_a_robust_target",
+    ),
+    "adversarial_blackbox": (
+        "test_adversarial",
+        "test_blackbox_fails_a_fragile_target_within_its_budget",
+        "test_blackbox_passes_a_robust_target",
+    ),
+    "adversarial_transfer": (
+        "test_adversarial",
+        "test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one",
+        "test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one",
+    ),
     "generation_batch_invariance": (
         "test_generation_checks",
         "test_generation_batch_invariance_fails_batch_dependent_logits",

@@ -15,7 +15,7 @@ from mmchaos.report.results import NOT_AVAILABLE
 __all__ = ["render_html"]
 
 Json = dict[str, Any]
-Series = tuple[str, list[tuple[int, float]]]
+Series = tuple[str, list[tuple[float, float]]]
 
 _STATUS_CLASS = {"pass": "pass", "fail": "fail", "error": "error", NOT_AVAILABLE: "na"}
 _SEVERITIES = ("info", "low", "medium", "high", "critical")
@@ -172,10 +172,10 @@ def _steps(steps: list[Json]) -> str:
     return f"<section><h2>Steps</h2><table>{head}{''.join(rows)}</table></section>"
 
 
-def _points(f: Json) -> list[tuple[int, float]]:
+def _points(f: Json) -> list[tuple[float, float]]:
     m = f["metrics"]
     keys = ("clean", "s1", "s2", "s3", "s4", "s5")
-    pts = [(s, float(m[k])) for s, k in enumerate(keys) if isinstance(m.get(k), int | float)]
+    pts = [(float(s), float(m[k])) for s, k in enumerate(keys) if isinstance(m.get(k), int | float)]
     return [(x, y) for x, y in pts if math.isfinite(y)]
 
 
@@ -188,11 +188,14 @@ def _style(i: int) -> tuple[str, str]:
     return _PALETTE[i % len(_PALETTE)], _DASHES[i // len(_PALETTE) % len(_DASHES)]
 
 
-def _svg(metric: str, series: list[Series]) -> str:
+def _svg(
+    metric: str, series: list[Series], x_label: str = "severity (0 = clean)", x_ticks: list[float] | None = None
+) -> str:
     values = [y for _, pts in series for _, y in pts] or [0.0]
     lo, hi = min(0.0, *values), max(values)
     hi = 1.0 if 0.0 < hi <= 1.0 else hi if hi > lo else lo + 1.0
-    x_max = max([5] + [x for _, pts in series for x, _ in pts])
+    x_max = max(x_ticks) if x_ticks else max([5.0] + [x for _, pts in series for x, _ in pts])
+    ticks = x_ticks or [float(x) for x in range(int(x_max) + 1)]
 
     def px(x: float) -> float:
         return _ML + x / x_max * (_W - _ML - _MR)
@@ -205,10 +208,10 @@ def _svg(metric: str, series: list[Series]) -> str:
         y = lo + i * (hi - lo) / 4
         out.append(f'<line x1="{_ML}" x2="{_W - _MR}" y1="{py(y):.1f}" y2="{py(y):.1f}"/>')
         out.append(f'<text x="{_ML - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3g}</text>')
-    for x in range(x_max + 1):
-        out.append(f'<text x="{px(x):.1f}" y="{_H - _MB + 14}" text-anchor="middle">{x}</text>')
+    for x in ticks:
+        out.append(f'<text x="{px(x):.1f}" y="{_H - _MB + 14}" text-anchor="middle">{x:g}</text>')
     mid = (_ML + _W) / 2
-    out.append(f'<text x="{mid:.0f}" y="{_H - 4}" text-anchor="middle">severity (0 = clean)</text>')
+    out.append(f'<text x="{mid:.0f}" y="{_H - 4}" text-anchor="middle">{_e(x_label)}</text>')
     out.append(f'<text x="12" y="{_MT + 40}" transform="rotate(-90 12 {_MT + 40})" '
                f'text-anchor="end">{_e(metric)}</text>')  # fmt: skip
     for i, (name, pts) in enumerate(series):
@@ -217,7 +220,7 @@ def _svg(metric: str, series: list[Series]) -> str:
         out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2" '
                    f'stroke-dasharray="{dash}"><title>{_e(name)}</title></polyline>')  # fmt: skip
         out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{colour}">'
-                f"<title>{_e(name)} s{x}: {y:.4g}</title></circle>" for x, y in pts]  # fmt: skip
+                f"<title>{_e(name)} {x:g}: {y:.4g}</title></circle>" for x, y in pts]  # fmt: skip
     return "".join(out) + "</svg>"
 
 
@@ -298,14 +301,50 @@ def _degradation(findings: list[Json]) -> str:
     return f'<section><h2>Degradation curves</h2><div class="charts">{charts}</div>{_relative_table(curves)}</section>'
 
 
+def _adversarial(findings: list[Json]) -> str:
+    """Robust quality against eps (grey levels, 0 = clean) for every attack finding that has a curve."""
+    curves = [f for f in findings if (f.get("evidence") or {}).get("eps_curve")]
+    if not curves:
+        return ""
+    groups: dict[str, list[Json]] = {}
+    for f in curves:
+        groups.setdefault(f"{f['evidence'].get('task', '?')} · {f['evidence'].get('metric', '?')}", []).append(f)
+    charts, rows = [], []
+    for key, group in groups.items():
+        series: list[Series] = []
+        ticks = {0.0}
+        for f in group:
+            pts = [(0.0, float(f["metrics"].get("clean", float("nan"))))]
+            pts += [(float(p["eps_255"]), float(p["robust"])) for p in f["evidence"]["eps_curve"]]
+            pts = [(x, y) for x, y in pts if math.isfinite(y)]
+            ticks |= {x for x, _ in pts}
+            series.append((f"{f.get('check')}: {f['evidence'].get('perturbation', '')}", pts))
+            cells = "".join(f'<td class="num">{_e(f"{p[0]:g}")}: {_num(p[1], ".2f")}</td>' for p in pts[1:])
+            rows.append(f"<tr><td>{_e(f.get('check'))}</td><td>{_e(f['evidence'].get('perturbation'))}</td>"
+                        f"<td>{_badge(f.get('verdict'))}</td><td class=\"num\">{_num(f['metrics'].get('clean'), '.3g')}"
+                        f"</td>{cells}</tr>")  # fmt: skip
+        charts.append(
+            f'<div class="chart"><h3>{_e(key)} <span class="muted">(higher is better)</span></h3>'
+            f"{_svg('robust ' + key.split(' · ')[-1], series, 'eps (grey levels /255, 0 = clean)', sorted(ticks))}"
+            f"{_legend([n for n, _ in series])}</div>"
+        )
+    table = ("<table><tr><th>check</th><th>attack</th><th>verdict</th><th>clean</th><th colspan=\"8\">"
+             f"robust at eps (/255)</th></tr>{''.join(rows)}</table>")  # fmt: skip
+    return (f'<section><h2>Robust accuracy under attack</h2><div class="charts">{"".join(charts)}</div>'
+            f"{table}</section>")  # fmt: skip
+
+
 def _case(case: Json, artifacts: Mapping[str, bytes]) -> str:
     sev = case.get("severity")
+    label = str(case.get("label") or f"s{sev}")
     parts = []
     if case.get("clean_artifact") or case.get("perturbed_artifact"):
         figs = [
             (case.get("clean_artifact"), f"clean · {_num(case.get('clean_score'))}"),
-            (case.get("perturbed_artifact"), f"s{sev} · {_num(case.get('perturbed_score'))}"),
+            (case.get("perturbed_artifact"), f"{label} · {_num(case.get('perturbed_score'))}"),
         ]
+        if case.get("difference_artifact"):
+            figs.append((case.get("difference_artifact"), "difference ×8"))
         imgs = "".join(f"<figure>{_img(n, artifacts, c)}<figcaption>{_e(c)}</figcaption></figure>" for n, c in figs)
         parts.append(f'<div class="pair">{imgs}</div>')
     if "clean_text" in case or "perturbed_text" in case:
@@ -380,6 +419,7 @@ def render_html(results: dict[str, Any], artifacts: Mapping[str, bytes]) -> str:
         _header(results)
         + _steps(results.get("steps") or [])
         + _degradation(findings)
+        + _adversarial(findings)
         + _worst_cases(findings, artifacts)
         + _findings(findings, artifacts)
     )

@@ -1,1 +1,2 @@
-"""Step 3: adversarial checks (one check a file)."""
+"""Step 3: adversarial checks, one a file (white-box PGD, black-box queries, transfer, text,
+typographic, semantic margin)."""
