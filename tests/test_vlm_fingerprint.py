@@ -74,3 +74,27 @@ def test_fingerprint_match_refuses_a_model_dir_that_is_not_one(tmp_path: Path) -
     with pytest.raises(ConfigError) as info:
         _run(TINY_VLM_DIR, tmp_path / "nowhere")
     assert info.value.code == "model_dir_missing"
+
+
+@pytest.mark.parametrize("edit", ["none", "template"])
+def test_fingerprint_match_over_http_compares_the_served_prompt_tokens(tmp_path: Path, edit: str) -> None:
+    """An openai: target exposes no processor: the prompt tokens the server reports for a text and a
+    one-image request are compared with what the model directory's template and processor make."""
+    from mmchaos.server import ServerThread
+    from mmchaos.targets import TargetOptions, load_target
+
+    served = TINY_VLM_DIR if edit == "none" else _served_copy(tmp_path, edit)
+    with ServerThread(HFVisionLanguageTarget(served)) as srv:
+        target = load_target(f"openai:{srv.base_url}", TargetOptions())
+        try:
+            params = FingerprintMatchParams(model_dir=str(TINY_VLM_DIR), probe=False)
+            (finding,) = run_check(FingerprintMatch(params), target, DATA)
+        finally:
+            target.close()
+    vlm = finding.evidence["vlm"]
+    assert "served_processor" not in vlm and vlm["prompt_tokens_served"]["one_image"] is not None
+    if edit == "none":
+        assert finding.verdict == Verdict.PASS and vlm["prompt_tokens_served"] == vlm["prompt_tokens_model_dir"]
+    else:
+        assert finding.verdict == Verdict.FAIL and finding.title.startswith("chat template does not belong")
+        assert "a text request is" in finding.evidence["problems"][0]["problem"]
