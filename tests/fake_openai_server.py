@@ -10,6 +10,16 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   servers take them). Anything else in ``input`` is embedded as text, data URLs included, as a
   text-only server would do.
 - ``chat_images``: whether ``/v1/chat/completions`` takes ``image_url`` parts (else 400).
+- ``flavour``: the response shapes of one server family, from their sources and docs:
+  ``"openai"`` (and vLLM >= 0.8) nests errors as ``{"error": {"message", "type", "code"}}``;
+  ``"sglang"`` (and older vLLM) answers errors at the top level, ``{"object": "error", "message",
+  "type", "param", "code": 400}``, and gives each logprob entry its ``token_id``; ``"tgi"``
+  (text-generation-inference) answers ``{"error": "...", "error_type": "validation"}`` with 422,
+  finish reasons ``eos_token`` / ``stop_sequence`` and one choice whatever ``n`` is; ``"ollama"``
+  lists models with tags (``llava:latest``) and takes a name without its tag as ``:latest``, ignores
+  ``n`` and ``logprobs`` (no logprobs in the answer) and nests errors with ``code: null``;
+  ``"litellm"`` takes ``image_url`` as an object or as a bare data-URL string and sends the status
+  as a string ``code``.
 
 Embeddings: an image is ``[mean R, mean G, mean B, 1]`` of its decoded pixels / 255, a text a
 hash-derived vector, so answers depend on pixels (not on the PNG's bytes) and on text exactly.
@@ -71,6 +81,7 @@ class FakeConfig:
     """Answer 400 to ``logprobs: true`` (servers without logprob support)."""
     stream_fault: str = ""
     """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
+    flavour: str = "openai"
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -89,11 +100,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, status: int, message: str) -> None:
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": "bad_request"}})
+        flavour = self.server.config.flavour
+        if flavour == "sglang":
+            return self._send(status, {"object": "error", "message": message, "type": "BadRequestError",
+                                       "param": None, "code": status})  # fmt: skip
+        if flavour == "tgi":
+            return self._send(422 if status == 400 else status, {"error": message, "error_type": "validation"})
+        code: Any = {"ollama": None, "litellm": str(status)}.get(flavour, "bad_request")
+        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                      "code": code}})  # fmt: skip
+
+    def _models(self) -> list[str]:
+        model = self.server.config.model
+        return [f"{model}:latest", "llama3:8b"] if self.server.config.flavour == "ollama" else [model]
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.server.config.model, "object": "model"}]})
+            cards = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "library"} for m in self._models()]
+            self._send(200, {"object": "list", "data": cards})
         else:
             self._error(404, "not found")
 
@@ -133,6 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"object": "list", "data": data, "model": self.server.config.model})
 
     def _chat(self, body: dict[str, Any]) -> None:
+        flavour = self.server.config.flavour
+        model = str(body.get("model", ""))
+        if flavour == "ollama" and ":" not in model:
+            model += ":latest"  # Ollama's implicit tag
+        if model not in self._models():
+            return self._error(404, f"model {body.get('model')!r} not found")
         colours: list[str] = []
         last_text = ""
         for message in body["messages"]:
@@ -141,14 +171,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if part["type"] == "image_url":
                     if not self.server.config.chat_images:
                         return self._error(400, "this model does not take images")
-                    colours.append(colour_of(part["image_url"]["url"]))
+                    image_url = part["image_url"]
+                    if isinstance(image_url, str) and flavour != "litellm":
+                        raise TypeError("image_url must be an object with a url")
+                    colours.append(colour_of(image_url if isinstance(image_url, str) else image_url["url"]))
                 elif part["type"] == "text":
                     last_text = part["text"]
         words = colours + last_text.split()
         if body.get("logprobs") and self.server.config.refuse_logprobs:
             return self._error(400, "logprobs are not supported by this server")
         n, max_tokens = int(body.get("n", 1)), int(body.get("max_tokens") or 16)
-        if self.server.config.ignore_n:
+        if self.server.config.ignore_n or flavour in ("tgi", "ollama"):
             n = 1
         choices = []
         for i in range(n):
@@ -157,16 +190,19 @@ class _Handler(BaseHTTPRequestHandler):
                 random.Random(f"{body.get('seed')}-{i}").shuffle(ws)
             cut = ws[:max_tokens]
             text = " ".join(cut)
-            finish = "length" if len(ws) > max_tokens else "stop"
+            finish = "length" if len(ws) > max_tokens else "eos_token" if flavour == "tgi" else "stop"
             for stop in body.get("stop") or []:
                 if stop in text:
-                    text, finish = text[: text.index(stop)], "stop"
+                    text, finish = text[: text.index(stop)], "stop_sequence" if flavour == "tgi" else "stop"
             choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
                                       "finish_reason": finish}  # fmt: skip
-            if body.get("logprobs"):
+            if body.get("logprobs") and flavour != "ollama":
                 tokens = [w if j == 0 else " " + w for j, w in enumerate(cut)]
-                choice["logprobs"] = {"content": [{"token": t, "logprob": -0.1 * (j + 1), "bytes": list(t.encode())}
-                                                  for j, t in enumerate(tokens)]}  # fmt: skip
+                choice["logprobs"] = {"content": [{"token": t, "logprob": -0.1 * (j + 1), "bytes": list(t.encode()),
+                                                   "top_logprobs": []} for j, t in enumerate(tokens)]}  # fmt: skip
+                if flavour == "sglang":
+                    for entry in choice["logprobs"]["content"]:
+                        entry["token_id"] = sum(map(ord, entry["token"].strip()))
             choices.append(choice)
         usage = {"prompt_tokens": len(words) + 3, "completion_tokens": len(choices[0]["message"]["content"].split())}
         if body.get("stream"):

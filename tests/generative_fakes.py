@@ -9,7 +9,11 @@ stream yields exactly the text ``generate`` returns. The others break one thing 
 - ``SlowStreamTarget`` (honest): long answers streamed a word every ``delay`` seconds; it records
   when its stream was closed (a client that left mid-stream);
 - ``UninterruptibleStreamTarget``: once its stream is closed it keeps "generating" for ``hold_s``
-  seconds (a model call that cannot be interrupted): a server that waits for it holds the slot.
+  seconds (a model call that cannot be interrupted): a server that waits for it holds the slot;
+- ``SharedRequestStateTarget``: keeps the request being answered in an attribute of the target, so
+  concurrent calls answer each other's requests (thread safety);
+- ``UnseededSamplingTarget``: samples from an unseeded RNG whatever ``seed`` says (determinism);
+- ``WarmCacheTarget``: its greedy answer changes after the first call with a request (determinism).
 """
 
 from __future__ import annotations
@@ -152,3 +156,54 @@ class UninterruptibleStreamTarget(SlowStreamTarget):
             yield from super().generate_stream(prompt, images, params)
         finally:
             time.sleep(self.hold_s)
+
+
+class SharedRequestStateTarget(WordsTarget):
+    """Broken: the request in flight lives on the target (``self.current``), read back after a pause
+    that stands for the model's work, so a concurrent call's request replaces it."""
+
+    uri = "fake:shared-request-state"
+
+    def __init__(self, pause_s: float = 0.002) -> None:
+        super().__init__()
+        self.pause_s = pause_s
+        self.current: list[Message] = []
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[Any] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        self.current = as_messages(prompt, images)
+        time.sleep(self.pause_s)
+        return super().generate(self.current, (), params)
+
+
+class UnseededSamplingTarget(WordsTarget):
+    """Broken: sampling draws from a fresh unseeded RNG, so the same seed gives different samples."""
+
+    uri = "fake:unseeded-sampling"
+
+    def _answer(self, words: list[str], params: GenerationParams, index: int) -> Completion:
+        if params.greedy:
+            return super()._answer(words, params, index)
+        shuffled = list(words)
+        random.Random().shuffle(shuffled)
+        greedy = GenerationParams(max_new_tokens=params.max_new_tokens, stop=params.stop, logprobs=params.logprobs)
+        return super()._answer(shuffled, greedy, index)
+
+
+class WarmCacheTarget(WordsTarget):
+    """Broken: a request seen before is answered from a "warm" path that drops its first word."""
+
+    uri = "fake:warm-cache"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def _words(self, messages: Sequence[Message]) -> list[str]:
+        words = super()._words(messages)
+        key = " ".join(words)
+        if key in self.seen:
+            return words[1:]
+        self.seen.add(key)
+        return words

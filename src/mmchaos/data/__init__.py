@@ -1,4 +1,5 @@
-"""Datasets: built-in generators (``builtin:shapes``, ``builtin:textlines``, ``builtin:vqa``) and user files."""
+"""Datasets: the built-in generators (``builtin:shapes``, ``textlines``, ``vqa``, ``frames``, ``grounding``)
+and user files."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ BUILTIN_DATASETS = {
     "shapes": "coloured shapes (24 classes) with captions; held-out test split by default",
     "textlines": "rendered text lines (words, numbers, dates, prices) with transcriptions",
     "vqa": "questions about the shapes images (colour, shape, position, count; some empty) with short answers",
+    "frames": "clips of 4 shapes frames with a question that needs more than one frame (which, how many, frame k)",
+    "grounding": "images of 2-3 shapes: where is the X (a box, scored by IoU) and what is in box B",
 }
 
 
@@ -47,6 +50,29 @@ def _builtin(spec: str) -> Dataset:
         if split not in ("train", "val", "test") or opts:
             raise DataError(f"builtin:vqa takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec")
         return make_vqa(n or 200, seed=seed, split=split)
+    if name == "frames":
+        from mmchaos.data.frames import make_frames
+
+        split = opts.pop("split", "test")
+        try:
+            frames = int(opts.pop("frames", 4))
+        except ValueError as exc:
+            raise DataError(f"bad options in builtin:{spec}: {exc}", code="data_bad_spec") from exc
+        if split not in ("train", "val", "test") or opts or not 2 <= frames <= 8:
+            raise DataError(
+                f"builtin:frames takes n, seed, split=train|val|test and frames=2-8; got {query!r}",
+                code="data_bad_spec",
+            )
+        return make_frames(n or 100, seed=seed, split=split, frames=frames)
+    if name == "grounding":
+        from mmchaos.data.grounding import make_grounding
+
+        split = opts.pop("split", "test")
+        if split not in ("train", "val", "test") or opts:
+            raise DataError(
+                f"builtin:grounding takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec"
+            )
+        return make_grounding(n or 100, seed=seed, split=split)
     raise DataError(f"unknown built-in dataset {name!r} (known: {', '.join(BUILTIN_DATASETS)})", code="data_bad_spec")
 
 
@@ -56,9 +82,8 @@ def load_dataset(spec: str) -> Dataset:
         return _builtin(spec.removeprefix("builtin:"))
     path = Path(spec).expanduser()
     if not path.exists():
-        hint = (
-            " (built-in sets are builtin:shapes, builtin:textlines and builtin:vqa)" if spec in BUILTIN_DATASETS else ""
-        )
+        known = ", builtin:".join(BUILTIN_DATASETS)
+        hint = f" (built-in sets are builtin:{known})" if spec in BUILTIN_DATASETS else ""
         raise DataError(f"dataset not found: {spec}{hint}", code="data_missing_file")
     from mmchaos.data import files
 

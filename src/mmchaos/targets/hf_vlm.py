@@ -13,9 +13,6 @@ model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import importlib.util
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -34,6 +31,7 @@ from mmchaos.targets.generation import (
     cut_at_stop,
 )
 from mmchaos.targets.hub import directory_fingerprint, read_config
+from mmchaos.targets.vlm_processor import load_processor, render_chat
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -155,44 +153,7 @@ class HFVisionLanguageTarget(Target):
     # -- loading ---------------------------------------------------------------------------------
 
     def _load_processor(self, trust_remote_code: bool) -> Any:
-        transformers = require("transformers")
-        kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": True}
-        try:
-            return transformers.AutoProcessor.from_pretrained(str(self.path), **kwargs)
-        except Exception as exc:
-            first = exc
-        # Processors with a video part (Qwen2-VL, SmolVLM2) cannot be built by transformers when
-        # torchvision is absent, even for images only; build the same class without its video part.
-        if importlib.util.find_spec("torchvision") is None:
-            with contextlib.suppress(Exception):
-                return self._processor_without_video(transformers, kwargs)
-        raise TargetLoadError(f"cannot load the processor of {self.path}: {_one_line(first)}") from None
-
-    def _processor_without_video(self, transformers: Any, kwargs: dict[str, Any]) -> Any:
-        saved = {}
-        for name in ("processor_config.json", "preprocessor_config.json"):
-            with contextlib.suppress(OSError, ValueError):
-                saved.update(json.loads((self.path / name).read_text(encoding="utf-8")))
-        base = getattr(transformers, str(saved.get("processor_class", "")), None)
-        if base is None or "video_processor" not in base.get_attributes():
-            raise TargetLoadError(f"no known processor class in {self.path}")
-
-        class _ImagesOnly(base):  # type: ignore[misc, valid-type]
-            def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-                if argument_name == "video_processor" and argument is None:
-                    return None
-                return super().check_argument_for_proper_class(argument_name, argument)
-
-        template_file = self.path / "chat_template.jinja"
-        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
-        extra = {k: v for k, v in saved.items() if k in ("image_seq_len", "patch_size", "num_additional_image_tokens")}
-        return _ImagesOnly(
-            image_processor=transformers.AutoImageProcessor.from_pretrained(str(self.path), **kwargs),
-            tokenizer=transformers.AutoTokenizer.from_pretrained(str(self.path), **kwargs),
-            video_processor=None,
-            chat_template=template,
-            **extra,
-        )
+        return load_processor(self.path, trust_remote_code)
 
     def _image_token_id(self) -> int | None:
         token_id = getattr(self.processor, "image_token_id", None)
@@ -205,13 +166,7 @@ class HFVisionLanguageTarget(Target):
 
     def render(self, messages: Sequence[Message]) -> str:
         """The prompt text the model's chat template makes of ``messages`` (before image expansion)."""
-        chat = []
-        for m in messages:
-            parts: list[dict[str, str]] = [
-                {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in m.parts()
-            ]
-            chat.append({"role": m.role, "content": parts})
-        return str(self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+        return render_chat(self.processor, messages)
 
     def build_inputs(self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = ()) -> dict[str, Any]:
         """The processor's model inputs for a request: chat template, image-token expansion, pixels.

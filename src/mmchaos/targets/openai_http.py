@@ -304,6 +304,8 @@ class OpenAITarget(Target):
 
     def _choose(self, model: str | None, cards: list[dict[str, Any]]) -> str:
         ids = [c["id"] for c in cards]
+        if model and ids and model not in ids and f"{model}:latest" in ids:
+            return f"{model}:latest"  # Ollama lists llava:latest and takes "llava" for it
         if model:
             if ids and model not in ids:
                 raise TargetLoadError(f"{self.base_url} does not serve model {model!r} (it serves: {', '.join(ids)})")
@@ -445,16 +447,7 @@ class OpenAITarget(Target):
         """4xx: the server refused the input (TargetCallError); 5xx, 408, 429: EndpointError."""
         status = resp.status_code
         if status >= 400:
-            code, message = f"http_{status}", resp.reason_phrase
-            try:
-                err = resp.json().get("error", {})
-                if isinstance(err, dict):
-                    code = str(err.get("code") or code)
-                    message = str(err.get("message") or message)
-                elif isinstance(err, str):
-                    message = err
-            except (ValueError, AttributeError):
-                pass
+            code, message = error_of(resp, f"http_{status}", resp.reason_phrase)
             text = f"POST {path}: HTTP {status}: {message[:500]}"
             if status >= 500 or status in (408, 429):
                 raise EndpointError(text, code=code, status=status)
@@ -723,3 +716,29 @@ def load_openai(rest: str, **options: Any) -> OpenAITarget:
     return OpenAITarget.connect(
         rest, model=options.get("model") or None, allow_remote=bool(options.get("allow_remote", False))
     )
+
+
+def error_of(resp: Any, code: str, message: str) -> tuple[str, str]:
+    """The code and message of an error answer, in the shapes servers send them: OpenAI's and
+    vLLM's ``{"error": {"message", "code"}}`` (LiteLLM's code is the status as a string, Ollama's
+    null), SGLang's and older vLLM's ``{"object": "error", "message", "code": 400}`` at the top
+    level, TGI's ``{"error": "...", "error_type": "validation"}``. A numeric code is no code: the
+    caller's ``http_<status>`` stays."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return code, message
+    if not isinstance(body, dict):
+        return code, message
+    err = body.get("error")
+    if isinstance(err, dict):
+        found, text = err.get("code"), err.get("message")
+    elif isinstance(err, str):
+        found, text = body.get("error_type"), err
+    else:
+        found, text = body.get("code"), body.get("message")
+    if isinstance(found, str) and found and not found.isdigit():
+        code = found
+    if isinstance(text, str) and text:
+        message = text
+    return code, message

@@ -125,8 +125,8 @@ _TOKEN_ID = re.compile(r"token_id:(\d+)")
 
 
 def completion_of(choice: dict[str, Any]) -> Completion:
-    """One OpenAI chat choice as a Completion; token ids only where the server sends them
-    (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``token_id:N``)."""
+    """One OpenAI chat choice as a Completion; token ids only where the server sends them (vLLM's
+    ``return_tokens_as_token_ids`` gives tokens as ``token_id:N``, SGLang a ``token_id`` field)."""
     content = choice["message"].get("content")
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
     logprobs = ids = None
@@ -136,6 +136,8 @@ def completion_of(choice: dict[str, Any]) -> Completion:
         matches = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
         if entries and all(matches):
             ids = tuple(int(m.group(1)) for m in matches if m)
+        elif entries and all(isinstance(e.get("token_id"), int) for e in entries):
+            ids = tuple(int(e["token_id"]) for e in entries)
     return Completion(text="" if content is None else str(content), finish_reason=finish, token_ids=ids,
                       logprobs=logprobs)  # fmt: skip
 

@@ -18,13 +18,18 @@ for _name, _spec in {
     "vqa": "mmchaos.tasks.generative:VQAAccuracy",
     "vlm_ocr": "mmchaos.tasks.generative:GenerativeOCR",
     "caption_cer": "mmchaos.tasks.generative:CaptionCER",
+    "frames_vqa": "mmchaos.tasks.frames:FramesVQA",
+    "grounding": "mmchaos.tasks.grounding:Grounding",
 }.items():
     REGISTRY.register(_name, _spec)
 
-# Preference order of tasks when the perturbed modality is image or text.
+# Preference order of tasks when the perturbed modality is image or text, or a multimodal
+# perturbation moves frame sequences or boxes (a grounding set also answers as ``vqa``: grounding first).
 _PREFERENCE = {
-    "image": ("ocr", "zero_shot", "retrieval_i2t", "vqa", "vlm_ocr"),
-    "text": ("retrieval_t2i", "vqa"),
+    "image": ("ocr", "zero_shot", "retrieval_i2t", "grounding", "vqa", "vlm_ocr"),
+    "text": ("retrieval_t2i", "grounding", "frames_vqa", "vqa"),
+    "frames": ("frames_vqa",),
+    "boxes": ("grounding",),
 }
 
 

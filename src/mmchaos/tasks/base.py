@@ -2,7 +2,8 @@
 
 Per-sample scores are in [0, 1], higher is better, so checks can rank worst cases the same way
 for every task. ``images``/``texts`` passed to :meth:`Task.evaluate` replace the dataset's clean
-ones (that is how perturbed inputs are scored against clean labels).
+ones (that is how perturbed inputs are scored against clean labels); ``frames``/``boxes`` passed to
+:meth:`Task.evaluate_multimodal` replace the samples' ``meta["frames"]``/``meta["boxes"]``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,19 @@ class Task:
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
         raise NotImplementedError
+
+    def evaluate_multimodal(
+        self,
+        target: Target,
+        dataset: Dataset,
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+        frames: Sequence[Sequence[ImageArray] | None] | None = None,
+        boxes: Sequence[Sequence[Sequence[float]] | None] | None = None,
+    ) -> TaskResult:
+        """Score perturbed multimodal samples; tasks that read frame sequences or input boxes
+        override this, the others score the images and texts and ignore ``frames``/``boxes``."""
+        return self.evaluate(target, dataset, images=images, texts=texts)
 
     def quality(self, metric: float) -> float:
         """The metric mapped to 'higher is better' in [0, 1], for relative robustness."""

@@ -16,9 +16,16 @@ import numpy as np
 import numpy.typing as npt
 
 from mmchaos.checks.base import CheckContext
-from mmchaos.targets.generation import Completion
+from mmchaos.targets.generation import Completion, GenerationResult, Message
 
-__all__ = ["answer_key", "first_divergence", "probe_images", "same_answer"]
+__all__ = ["answer_key", "first_divergence", "probe_images", "probe_requests", "result_signature", "same_answer"]
+
+_PROBE_QUESTIONS = (
+    "What colour is the shape?",
+    "What shape is it?",
+    "Where is the shape?",
+    "How many shapes are there?",
+)
 
 
 def probe_images(ctx: CheckContext, n: int, stream: str = "images") -> list[npt.NDArray[np.uint8]]:
@@ -38,6 +45,22 @@ def probe_images(ctx: CheckContext, n: int, stream: str = "images") -> list[npt.
     while len(out) < n:
         out.append(rng.integers(0, 256, (48, 56, 3), dtype=np.uint8))
     return out
+
+
+def probe_requests(ctx: CheckContext, n: int) -> tuple[list[list[Message]], list[str]]:
+    """``n`` one-turn requests (an image and a question) and their labels: the dataset's own images
+    and questions where it has both, else :func:`probe_images` with questions about the shapes."""
+    data = ctx.dataset.head(n)
+    if len(data) == n and data.has_images and data.has_questions:
+        return [[Message("user", (s.load_image(), s.question or ""))] for s in data], [s.id for s in data]
+    images = probe_images(ctx, n, "requests")
+    requests = [[Message("user", (img, _PROBE_QUESTIONS[i % len(_PROBE_QUESTIONS)]))] for i, img in enumerate(images)]
+    return requests, [f"probe-{i}" for i in range(n)]
+
+
+def result_signature(result: GenerationResult) -> str:
+    """A result as one comparable string: each completion's text, token ids and finish reason."""
+    return "\n".join(f"{c.text!r} {c.token_ids} {c.finish_reason}" for c in result.completions)
 
 
 def answer_key(c: Completion) -> tuple[Any, ...]:

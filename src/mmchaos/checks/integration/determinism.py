@@ -5,6 +5,11 @@ fresh worker processes each load the target by URI (as ``mmchaos validate`` woul
 replicas) and run the same batches; their outputs must be identical (the gate can allow a
 tolerance). This process's outputs are compared with the workers' too, for information: they
 may legitimately differ when earlier checks changed process-wide settings.
+
+Generative targets (in this process): the same greedy requests twice give the same completions
+(text, token ids, finish reason, and logprobs within the gate), and sampling with a seed gives the
+same completions twice for each seed; how many different completions the seeds give is reported
+for information (a backend that ignores the seed gives one).
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.generation_inputs import probe_requests, result_signature
 from mmchaos.checks.integration.thread_safety import max_difference
-from mmchaos.errors import TargetLoadError
+from mmchaos.errors import MMChaosError, TargetLoadError
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.isolation import JobResult, WorkerSpec, describe_exception, start_pool, worker_spec
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["Determinism"]
@@ -48,6 +55,10 @@ class DeterminismParams(Params):
     timeout_s: float = Field(default=120.0, gt=0)
     start_timeout_s: float = Field(default=300.0, gt=0)
     target_options: dict[str, Any] = Field(default_factory=dict)
+    generate_requests: int = Field(default=6, ge=1, description="generative targets: requests compared")
+    max_new_tokens: int = Field(default=12, ge=1, description="generative targets: tokens per completion")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], description="seeds of the sampled requests")
+    temperature: float = Field(default=1.0, gt=0, description="temperature of the sampled requests")
 
 
 class DeterminismGate(Gate):
@@ -59,7 +70,7 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
 
     name = "determinism"
     step = Step.INTEGRATION
-    requires = ANY_MODALITY
+    requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
     Params = DeterminismParams
     Gate = DeterminismGate
 
@@ -84,9 +95,13 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
         g = self.gate
+        generative = ctx.target.has(Capability.GENERATE)
+        if generative:
+            yield from self._generation(ctx)
         batches = self._batches(ctx)
         if not batches:
-            yield self.finding(ctx, Verdict.SKIPPED, "no inputs of a modality the target handles")
+            if not generative:
+                yield self.finding(ctx, Verdict.SKIPPED, "no inputs of a modality the target handles")
             return
         first = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
         second = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
@@ -172,3 +187,97 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
             evidence=evidence,
             artifacts=[artifact],
         )
+
+    # --- generative targets -------------------------------------------------------------------------
+
+    def _generation(self, ctx: CheckContext) -> Iterator[Finding]:
+        """Greedy twice, then each seed twice: the same completions every time."""
+        p = self.params
+        requests, names = probe_requests(ctx, p.generate_requests)
+        greedy = GenerationParams(max_new_tokens=p.max_new_tokens, logprobs=True)
+        yield self._generation_pair(ctx, "generate_greedy", "greedy generate twice", requests, names, [greedy])
+        sampled = [
+            GenerationParams(max_new_tokens=p.max_new_tokens, temperature=p.temperature, seed=seed, logprobs=True)
+            for seed in p.seeds
+        ]
+        if sampled:
+            how = "seeded sampling twice per seed"
+            yield self._generation_pair(ctx, "generate_seeded", how, requests, names, sampled)
+
+    def _generation_pair(
+        self,
+        ctx: CheckContext,
+        mode: str,
+        how: str,
+        requests: list[list[Message]],
+        names: list[str],
+        settings: list[GenerationParams],
+    ) -> Finding:
+        g = self.gate
+        evidence: dict[str, Any] = {"mode": mode, "seed": ctx.seed, "methods": ["generate_batch"],
+                                    "requests": names, "seeds": [s.seed for s in settings]}  # fmt: skip
+        runs: list[tuple[GenerationParams, list[GenerationResult], list[GenerationResult]]] = []
+        try:
+            for params in settings:
+                first = ctx.target.generate_batch(requests, params)
+                runs.append((params, first, ctx.target.generate_batch(requests, params)))
+        except MMChaosError as exc:
+            return self.finding(
+                ctx, Verdict.ERROR, f"{how}: the target refused the requests ({exc.code})", severity=Severity.MEDIUM,
+                message=exc.message[:500], evidence=evidence,
+            )  # fmt: skip
+        differing: list[dict[str, Any]] = []
+        worst_logprob = 0.0
+        for params, first, second in runs:
+            for name, a, b in zip(names, first, second, strict=True):
+                gap = max((_logprob_gap(x, y) for x, y in zip(a.completions, b.completions, strict=False)), default=0.0)
+                same = result_signature(a) == result_signature(b)
+                if same:
+                    worst_logprob = max(worst_logprob, gap)
+                if not same or gap > g.max_abs_diff:
+                    differing.append({"request": name, "seed": params.seed, "first": a.text[:200],
+                                      "second": b.text[:200], "max_logprob_diff": gap})  # fmt: skip
+        metrics = {
+            "requests": float(len(requests) * len(runs)),
+            "differing_requests": float(len(differing)),
+            "max_logprob_diff": worst_logprob,
+        }
+        if mode == "generate_seeded":
+            distinct = [len({result_signature(first[i]) for _, first, _ in runs}) for i in range(len(requests))]
+            metrics["mean_distinct_over_seeds"] = float(np.mean(distinct)) if distinct else 0.0
+        gate = f"identical completions (text, tokens, finish reason) and logprobs within {g.max_abs_diff:g}"
+        if not differing:
+            return self.finding(
+                ctx, Verdict.PASS, f"{how}: identical completions ({len(requests)} requests)", metrics=metrics,
+                gate=gate, evidence=evidence,
+            )  # fmt: skip
+        evidence["differing"] = differing[:10]
+        first_bad = differing[0]
+        seeded = mode == "generate_seeded"
+        return self.finding(
+            ctx,
+            Verdict.FAIL,
+            f"{how}: completions differ ({len(differing)} of {int(metrics['requests'])} requests; "
+            f"{first_bad['request']}" + (f", seed {first_bad['seed']}" if seeded else "") + ")",
+            severity=Severity.HIGH,
+            metrics=metrics,
+            gate=gate,
+            message=f"{first_bad['first']!r} then {first_bad['second']!r}",
+            suggestion="seed the sampler from the request (a per-request torch.Generator or a forked RNG), never from "
+            "process state or time"
+            if seeded
+            else "greedy decoding must not depend on state left by earlier calls (caches, batch composition, "
+            "non-deterministic kernels)",
+            evidence=evidence,
+        )
+
+
+def _logprob_gap(a: Completion, b: Completion) -> float:
+    """The largest difference of two completions' logprobs (0 when either has none; inf on length)."""
+    if a.logprobs is None or b.logprobs is None:
+        return 0.0
+    if len(a.logprobs) != len(b.logprobs):
+        return float("inf")
+    if not a.logprobs:
+        return 0.0
+    return float(np.max(np.abs(np.asarray(a.logprobs, np.float64) - np.asarray(b.logprobs, np.float64))))

@@ -12,7 +12,13 @@ at fault:
 * the load -- weights missing from the checkpoint and initialised at random (an ``hf:`` target
   loaded with ``allow_missing_weights``);
 * a recorded accuracy -- zero-shot accuracy on the data a record (``training.json``, or
-  ``params.reference_accuracy``) was measured on must not fall below it.
+  ``params.reference_accuracy``) was measured on must not fall below it;
+* a generative VLM's chat template and processor against the model directory's
+  (``params.model_dir``, by default the ``hf:`` target's own): the processor facts that decide how a
+  request becomes tokens (image token, image size, patch size, image-token count settings, the
+  template's hash) where the target exposes its processor, and on any backend the prompt tokens it
+  reports for a text request and a one-image request against what the directory's own template and
+  processor make of them (a served ``--chat-template`` or ``preprocessor_config.json`` that differs).
 
 Zero-shot accuracy against chance is reported but not gated by default: an untrained or
 off-domain model that is packaged correctly is near chance too (``min_accuracy_over_chance``
@@ -32,9 +38,10 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
-from mmchaos.errors import ConfigError
+from mmchaos.errors import ConfigError, MMChaosError
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.targets.wrappers import unwrap
 from mmchaos.tasks.base import l2_normalise
 
@@ -42,6 +49,8 @@ __all__ = ["FingerprintMatch", "static_problems"]
 
 _COMPONENTS = ("weights", "tokenizer", "processor", "config")
 _EITHER = "the tokenizer or the processor"
+_TEMPLATE = "chat template"
+_VLM_QUESTION = "What colour is the shape?"
 
 
 def _model_config(target: Target) -> dict[str, Any]:
@@ -206,6 +215,11 @@ class FingerprintMatchParams(Params):
         description="zero-shot accuracy validated with these weights on this dataset; by default the model "
         "directory's training.json, when the run uses the data it was measured on",
     )
+    model_dir: str | None = Field(
+        default=None,
+        description="generative VLMs: the model directory whose chat template and processor the served ones must "
+        "match; by default the hf: target's own directory",
+    )
 
 
 class FingerprintMatchGate(Gate):
@@ -256,6 +270,11 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
         if facts:
             lines.append("static consistency checked")
         metrics: dict[str, float] = {}
+        if target.has(Capability.GENERATE):
+            vlm_problems, vlm_facts, line = vlm_consistency(target, p.model_dir)
+            problems += vlm_problems
+            evidence["vlm"] = vlm_facts
+            lines.append(line)
         unfit = getattr(target, "processor_unfit", None)
         if p.probe and unfit:
             lines.append("zero-shot probe not run: the processor does not fit the model")
@@ -340,3 +359,75 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
         counts = np.bincount(truth, minlength=len(data.classes))
         chance = float(max(counts.max() / len(truth), 1.0 / len(data.classes)))
         return acc, chance
+
+
+def _reference_dir(target: Target, model_dir: str | None) -> Path | None:
+    if model_dir is not None:
+        path = Path(model_dir).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"params.model_dir {model_dir} is not a directory", code="model_dir_missing")
+        return path
+    own = getattr(target, "path", None)
+    return own if isinstance(own, Path) and getattr(target, "processor", None) is not None else None
+
+
+def _probe_image() -> Any:
+    """A 64x64 picture (a red square on grey): any size works, both sides get the same one."""
+    image = np.full((64, 64, 3), 128, np.uint8)
+    image[16:48, 16:48] = (220, 30, 30)
+    return image
+
+
+def vlm_consistency(target: Target, model_dir: str | None) -> tuple[list[tuple[str, str]], dict[str, Any], str]:
+    """(component, problem) pairs where the served chat template / processor differ from the model
+    directory's, the facts compared, and a line for the finding's title."""
+    from mmchaos.targets.vlm_processor import expected_prompt_tokens, load_processor, processor_facts
+
+    reference_dir = _reference_dir(target, model_dir)
+    if reference_dir is None:
+        return [], {}, "chat template and processor not compared (no params.model_dir)"
+    try:
+        reference = load_processor(reference_dir)
+    except MMChaosError as exc:
+        raise ConfigError(
+            f"params.model_dir {reference_dir}: no loadable processor ({exc.message})", code="model_dir_missing"
+        ) from None
+    problems: list[tuple[str, str]] = []
+    facts: dict[str, Any] = {"model_dir": str(reference_dir), "model_dir_processor": processor_facts(reference)}
+    served_processor = getattr(target, "processor", None)
+    if served_processor is not None:
+        served = processor_facts(served_processor)
+        facts["served_processor"] = served
+        wanted = facts["model_dir_processor"]
+        for key in sorted(set(served) | set(wanted)):
+            if served.get(key) != wanted.get(key):
+                component = _TEMPLATE if key == "chat_template_sha256" else "processor"
+                problems.append((component, f"{key} is {served.get(key)!r} served but {wanted.get(key)!r} in "
+                                            f"{reference_dir.name}"))  # fmt: skip
+    text_request = [Message("user", _VLM_QUESTION)]
+    image_request = [Message("user", (_probe_image(), _VLM_QUESTION))]
+    expected = (expected_prompt_tokens(reference, text_request), expected_prompt_tokens(reference, image_request))
+    facts["prompt_tokens_model_dir"] = {"text": expected[0], "one_image": expected[1]}
+    params = GenerationParams(max_new_tokens=1, logprobs=False)
+    try:
+        got = (
+            target.generate(text_request, params=params).prompt_tokens,
+            target.generate(image_request, params=params).prompt_tokens,
+        )
+    except MMChaosError as exc:
+        problems.append(("processor", f"a one-image request fails ({exc.code}: {exc.message[:200]}); the model "
+                                      f"directory's processor makes it {expected[1]} prompt tokens"))  # fmt: skip
+        return problems, facts, "chat template and processor compared with the model directory"
+    facts["prompt_tokens_served"] = {"text": got[0], "one_image": got[1]}
+    if got[0] is None or got[1] is None:
+        facts["prompt_tokens_note"] = "the target reports no prompt token counts (usage): compared statically only"
+    else:
+        if got[0] != expected[0]:
+            problems.append((_TEMPLATE, f"a text request is {got[0]} prompt tokens served but {expected[0]} with "
+                                        f"{reference_dir.name}'s chat template and tokenizer"))  # fmt: skip
+        image_served, image_expected = got[1] - got[0], expected[1] - expected[0]
+        if image_served != image_expected:
+            problems.append(("processor", f"one 64x64 image adds {image_served} prompt tokens served but "
+                                          f"{image_expected} with {reference_dir.name}'s processor (image size, patch "
+                                          "size or image-token count differ)"))  # fmt: skip
+    return problems, facts, "chat template and processor compared with the model directory"

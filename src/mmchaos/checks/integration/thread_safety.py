@@ -10,6 +10,10 @@ a race (another call's picture in a shared buffer) moves an embedding far past t
 absolute difference is reported too. Every exception is reported with its trace (e.g. the
 tokenizers library's "Already borrowed"). The encoded path (``embed_encoded_images``) runs too,
 so decoders and image processors with shared state are covered.
+
+Generative targets: batches of (image, question) requests through ``generate_batch``, greedy
+(``generate``) and sampled with a fixed seed (``generate_sampled``); a concurrent completion must
+be the sequential one exactly (text, token ids, finish reason: one changed character fails).
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.generation_inputs import probe_requests, result_signature
 from mmchaos.checks.evidence import png_bytes
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
-from mmchaos.targets.base import Capability
+from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["ThreadSafety", "deviation", "max_difference"]
@@ -116,6 +122,8 @@ class ThreadSafetyParams(Params):
     encoded: bool = Field(default=True, description="also call embed_encoded_images with PNG bytes")
     rounds: int = Field(default=1, ge=1, le=10)
     timeout_s: float = Field(default=300.0, gt=0)
+    max_new_tokens: int = Field(default=8, ge=1, description="generative targets: tokens per completion")
+    sampled: bool = Field(default=True, description="generative targets: also seeded sampling (temperature 1)")
 
 
 class ThreadSafetyGate(Gate):
@@ -136,7 +144,7 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
 
     name = "thread_safety"
     step = Step.INTEGRATION
-    requires = ANY_MODALITY
+    requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
     Params = ThreadSafetyParams
     Gate = ThreadSafetyGate
 
@@ -156,6 +164,11 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
             inputs["embed_texts"] = (texts, texts)
         if images and target.has(Capability.READ_TEXT):
             inputs["read_text"] = (images, ids)
+        if target.has(Capability.GENERATE):
+            requests, names = probe_requests(ctx, min(p.samples, 8))
+            inputs["generate"] = (requests, names)
+            if p.sampled:
+                inputs["generate_sampled"] = (requests, names)
         rng = ctx.rng("batches")
         out: dict[str, list[_Call]] = {}
         for method, (items, labels) in inputs.items():
@@ -178,7 +191,9 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
             for method, calls in by_method.items():
                 # The encoded path must be the target's own (an override of decode_image), not a wrapper's.
                 owner = unwrap(ctx.target) if "encoded" in method else ctx.target
-                fn: Callable[[Sequence[Any]], Any] = getattr(owner, method)
+                fn: Callable[[Sequence[Any]], Any] = (
+                    _generate_fn(ctx.target, method, p) if method.startswith("generate") else getattr(owner, method)
+                )
                 yield self._method(ctx, method, fn, calls, p)
                 bar.advance()
         finally:
@@ -197,7 +212,7 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
         again = [_as_result(fn(c.items)) for c in calls]
         noise = max(deviation(a, b)[0] for a, b in zip(sequential, again, strict=True))
         noise_abs = max(max_difference(a, b) for a, b in zip(sequential, again, strict=True))
-        unit = "character error rate" if method == "read_text" else "1 - cosine"
+        unit = "character error rate" if method == "read_text" or method.startswith("generate") else "1 - cosine"
         evidence: dict[str, Any] = {"method": method, "threads": p.threads, "calls_per_thread": p.calls_per_thread,
                                     "rounds": p.rounds, "seed": ctx.seed, "deviation_unit": unit}  # fmt: skip
         if noise > g.max_cosine_deviation or (g.max_abs_diff is not None and noise_abs > g.max_abs_diff):
@@ -332,9 +347,41 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
         import io
         import json
 
+        if method.startswith("generate"):
+            return _requests_artifact(ctx, method, call)
         if method == "embed_texts":
             return Artifact(f"{ctx.check_id}-{method}-batch.json", json.dumps(call.items).encode(), "application/json")
         buf = io.BytesIO()
         arrays = [np.frombuffer(i, np.uint8) if isinstance(i, bytes) else np.asarray(i) for i in call.items]
         np.savez_compressed(buf, *arrays)
         return Artifact(f"{ctx.check_id}-{method}-batch.npz", buf.getvalue(), "application/x-npz")
+
+
+def _generate_fn(target: Target, method: str, p: ThreadSafetyParams) -> Callable[[Sequence[Any]], list[str]]:
+    """A call of ``generate_batch`` on a batch of requests, as one signature string per request."""
+    sampled = method == "generate_sampled"
+    params = GenerationParams(
+        max_new_tokens=p.max_new_tokens, temperature=1.0 if sampled else 0.0, seed=1234 if sampled else None,
+        logprobs=False,
+    )  # fmt: skip
+
+    def call(requests: Sequence[Any]) -> list[str]:
+        batch: list[list[Message]] = [list(r) for r in requests]
+        return [result_signature(r) for r in target.generate_batch(batch, params)]
+
+    return call
+
+
+def _requests_artifact(ctx: CheckContext, method: str, call: _Call) -> Artifact:
+    """The requests of a batch: each one's images and text parts, in an ``.npz``."""
+    import io
+
+    arrays: dict[str, Any] = {}
+    for i, request in enumerate(call.items):
+        for j, message in enumerate(request):
+            for k, part in enumerate(message.parts()):
+                key = f"r{i}_m{j}_p{k}_{message.role}"
+                arrays[key] = np.asarray(part) if not isinstance(part, str) else np.array(part)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return Artifact(f"{ctx.check_id}-{method}-batch.npz", buf.getvalue(), "application/x-npz")

@@ -234,8 +234,6 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         ]
         if not samples or not all(pert.usable(s) for s in samples):
             return [], f"the dataset carries no {'/'.join(sorted(pert.needs))} for multimodal perturbations"
-        if "frames" in pert.needs or "boxes" in pert.needs:
-            return [], "no task scores frame sequences or boxes in this version"
         return samples, None
 
     def _task_for(self, pert: Perturbation[Any], target: Target, data: Dataset, inputs: list[Any]) -> str | None:
@@ -246,6 +244,9 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             return chosen if tasks.REGISTRY.get(chosen).supports(target, data) else None
         if pert.modality != Modality.MULTIMODAL:
             return tasks.default_task(pert.modality.value, target, data)
+        sequence = sorted(pert.needs & {"frames", "boxes"}) if isinstance(pert, MultimodalPerturbation) else []
+        if sequence:  # scored by a task that reads frame sequences or boxes
+            return tasks.default_task(sequence[0], target, data)
         has_text = bool(inputs) and inputs[0].text is not None
         if has_text and tasks.REGISTRY.get("retrieval_i2t").supports(target, data):
             return "retrieval_i2t"  # scores the pair: images against captions, both perturbed
@@ -272,7 +273,10 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             return task.evaluate(target, data, texts=batch)
         images = [s.image for s in batch] if batch[0].image is not None else None
         texts = [s.text if s.text is not None else "" for s in batch] if batch[0].text is not None else None
-        return task.evaluate(target, data, images=images, texts=texts)
+        needs = pert.needs if isinstance(pert, MultimodalPerturbation) else frozenset()
+        frames = [s.frames for s in batch] if "frames" in needs else None
+        boxes = [s.boxes for s in batch] if "boxes" in needs else None
+        return task.evaluate_multimodal(target, data, images=images, texts=texts, frames=frames, boxes=boxes)
 
     def _sweep(
         self,
