@@ -112,13 +112,15 @@ def open_upright(
     Callers that need another layout than RGB (``mmchaos perturb`` keeps grey and RGBA) convert
     the image themselves; everyone else calls :func:`load_image`.
     """
-    from PIL import ImageOps
+    from PIL import Image, ImageOps
 
     fp, name = _source(source)
     try:
         with _checked_header(fp, name, max_pixels, max_side) as img:
             try:
                 img.load()
+            except Image.DecompressionBombError as exc:  # a frame larger than the header declared (GIF)
+                raise ImageLoadError(f"image refused while decoding: {exc}", code="image_too_large") from exc
             except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
                 raise ImageLoadError(
                     f"cannot decode the {img.format} image: {exc}",
