@@ -84,10 +84,12 @@ def _limits(max_pixels: int | None, max_side: int | None) -> SizeLimits:
 
 def _checked_header(fp: IO[bytes], name: str, max_pixels: int | None, max_side: int | None) -> Image.Image:
     """The opened (not decoded) image, refused first by its declared size."""
-    from PIL import UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     try:
         img = _identify(fp, name)
+    except Image.DecompressionBombError as exc:  # a GIF frame larger than the screen its header declares
+        raise ImageLoadError(f"image refused before decoding: {exc}", code="image_too_large") from exc
     except UnidentifiedImageError as exc:
         fp.seek(0)
         head = fp.read(8)
