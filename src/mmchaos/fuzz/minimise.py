@@ -2,7 +2,7 @@
 
 Zeller's ddmin over *units*, coarse to fine: first the container's own pieces (PNG chunks, JPEG
 segments, RIFF chunks), rebuilt correctly (CRCs, lengths) so a removal tests the decoder, not the
-checksum; then each remaining PNG chunk's data (CRC recomputed); then plain bytes. Candidates of
+checksum; then each remaining PNG or RIFF chunk's data (CRC and sizes recomputed); then plain bytes. Candidates of
 one round are tested together (one batch to the worker pool) and the first that still fails, in
 order, is kept: the result does not depend on which worker answered first. A budget in tests and
 seconds bounds it; the best input so far is returned when the budget runs out.
@@ -110,7 +110,7 @@ class Minimiser:
 
     def minimise(self, data: bytes) -> bytes:
         best = data
-        for step in (self._containers, self._png_chunk_data, self._bytes):
+        for step in (self._containers, self._chunk_data, self._bytes):
             if self.budget.left() <= 0:
                 break
             best = step(best)
@@ -144,6 +144,27 @@ class Minimiser:
 
                 return self._smaller(data, riff(ddmin(chunks, riff, self._test)))
         return data
+
+    def _chunk_data(self, data: bytes) -> bytes:
+        return self._riff_chunk_data(data) if sniff(data) == "webp" else self._png_chunk_data(data)
+
+    def _riff_chunk_data(self, data: bytes) -> bytes:
+        chunks = parse_riff(data)
+        if not chunks:
+            return data
+        for i, (tag, body) in enumerate(chunks):
+            if len(body) < 2 or self.budget.left() <= 0:
+                continue
+
+            def with_body(units: Sequence[int], i: int = i, tag: bytes = tag) -> bytes:
+                edited = list(chunks)
+                edited[i] = (tag, bytes(units))
+                return build_riff(edited)
+
+            kept = ddmin(list(body), with_body, self._test)
+            if len(kept) < len(body):
+                chunks[i] = (tag, bytes(kept))
+        return self._smaller(data, build_riff(chunks))
 
     def _png_chunk_data(self, data: bytes) -> bytes:
         parsed = parse_png(data)
