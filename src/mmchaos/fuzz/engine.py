@@ -53,6 +53,8 @@ class FuzzConfig:
     minimise_seconds: float = 30.0
     max_minimised: int = 10
     """Distinct signatures minimised at most (the rest keep their original input)."""
+    stop_after_failures: int = 0
+    """Stop the mutation phase once this many distinct failures are known (0: use the whole budget)."""
 
 
 @dataclass
@@ -162,6 +164,9 @@ class Fuzzer:
                 break
             if time.monotonic() - start >= cfg.max_seconds:
                 self.report.stopped_by = "seconds"
+                break
+            if cfg.stop_after_failures and len(self.report.failures) >= cfg.stop_after_failures:
+                self.report.stopped_by = "failures"
                 break
             n = min(cfg.batch, cfg.max_cases - self.report.cases)
             pending = [self._next_case() for _ in range(n)]

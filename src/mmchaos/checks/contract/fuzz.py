@@ -56,6 +56,9 @@ class ContractFuzzParams(Params):
     threads_per_worker: int | None = Field(default=1, ge=1)
     accepted_errors: list[str] = Field(default_factory=list)
     target_options: dict[str, Any] = Field(default_factory=dict)
+    stop_after_failures: int = Field(
+        default=0, ge=0, description="end the mutation phase after this many distinct failures; 0 = whole budget"
+    )
     minimise: bool = True
     minimise_tests: int = Field(default=400, ge=1, description="runs per failure signature at most")
     minimise_seconds: float = Field(default=30.0, gt=0, description="per failure signature")
@@ -192,6 +195,7 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
             minimise=p.minimise,
             minimise_tests=p.minimise_tests,
             minimise_seconds=p.minimise_seconds,
+            stop_after_failures=p.stop_after_failures,
         )
         bar = ctx.progress.task(f"{ctx.check_id}: fuzzing", total=p.max_cases)
         try:
