@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.fuzz import ContractFuzz, ContractFuzzParams
@@ -103,7 +104,52 @@ def test_an_http_target_is_fuzzed_through_a_real_server_within_its_request_budge
     fails = [f for f in findings if f.verdict == Verdict.FAIL]
     summary = next(f for f in findings if f.verdict == Verdict.PASS)
     sigs = [f.evidence["signature"] for f in fails]
-    assert any(s.startswith("image_bytes:crashed:EndpointError[") for s in sigs), sigs
+    assert any("EndpointError[model_error]" in s and "IndexError" in s for s in sigs), sigs
     assert summary.metrics["http_requests"] <= budget["max_requests"]
     assert summary.evidence["openapi"]["found"] and summary.metrics["openapi_requests"] > 20
     assert summary.metrics["openapi_operations"] >= 2
+    assert not [s for s in sigs if s.startswith("http:")], "the reference server answers every broken body 4xx"
+
+
+class Caption(BaseModel):
+    model: str
+    text: str
+    n: int = 1
+
+
+def _fragile_app() -> Any:
+    """A real FastAPI app with one unguarded handler: a text without words makes it 500."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v1/captions")
+    def captions(body: Caption) -> dict[str, Any]:
+        words = body.text.split()
+        return {"model": body.model, "first": words[0], "longest": max(len(w) for w in words), "n": body.n}
+
+    return app
+
+
+def test_the_schema_phase_finds_a_5xx_and_its_saved_request_replays() -> None:
+    import base64
+    import json
+
+    import numpy as np
+
+    from mmchaos.chaos.budget import RequestLedger
+    from mmchaos.chaos.spec import BudgetSpec
+    from mmchaos.fuzz.openapi import replay_request, schema_phase
+    from mmchaos.server import ServerThread
+
+    ledger = RequestLedger(BudgetSpec(max_requests=300, max_rate=1000, max_duration_s=60))
+    with ServerThread(_fragile_app()) as srv:
+        outcome = schema_phase(srv.base_url, ledger, np.random.default_rng(0), model="m")
+        assert outcome.found and outcome.operations == 1 and outcome.requests == ledger.sent - 1 < 300
+        failure = outcome.failures["http:POST /v1/captions:500:untyped"]
+        for f in outcome.failures.values():  # a 500, or the connection dropped: only text without words
+            assert json.loads(base64.b64decode(json.loads(f.to_json())["body_b64"]))["text"].strip() == ""
+        record = json.loads(failure.to_json())
+        status, detail = replay_request(srv.base_url, record)
+        assert status == 500, detail
+    assert outcome.status_counts.get("422", 0) > 10, "wrong types get the framework's 422"

@@ -508,7 +508,8 @@ def exif_mutate(rng: Rng, data: bytes, donors: Sequence[bytes]) -> bytes | None:
             return None
         for i, (tag, body) in enumerate(chunks):
             if tag == b"EXIF":
-                chunks[i] = (tag, _mutate_ifd(rng, body))
+                prefix = b"Exif\x00\x00" if body.startswith(b"Exif\x00\x00") else b""
+                chunks[i] = (tag, prefix + _mutate_ifd(rng, body[len(prefix) :]))
                 return build_riff(chunks)
         return build_riff([*chunks, (b"EXIF", _mutate_ifd(rng, exif_block(1)))])
     if fmt == "tiff":

@@ -40,6 +40,10 @@ def shrink(image: npt.NDArray[np.uint8], side: int = 32) -> npt.NDArray[np.uint8
     return np.ascontiguousarray(image[ys][:, xs], dtype=np.uint8)
 
 
+_EXIF = b"Exif\x00\x00"
+"""The APP1 identifier Pillow expects in front of a JPEG's or WebP's EXIF block."""
+
+
 def _save(img: Any, fmt: str, **kw: Any) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
@@ -62,12 +66,12 @@ def format_seeds(image: npt.NDArray[np.uint8]) -> list[Seed]:
         Seed(
             "jpeg_exif_icc",
             "image_bytes",
-            _save(img, "JPEG", quality=90, exif=exif_block(1), icc_profile=icc_profile()),
+            _save(img, "JPEG", quality=90, exif=_EXIF + exif_block(1), icc_profile=icc_profile()),
         ),
         Seed("jpeg_progressive", "image_bytes", _save(img, "JPEG", quality=75, progressive=True, subsampling=2)),
         Seed("gif", "image_bytes", _save(img.convert("P"), "GIF")),
         Seed("webp_lossless", "image_bytes", _save(img, "WEBP", lossless=True)),
-        Seed("webp_lossy_exif", "image_bytes", _save(img, "WEBP", quality=80, exif=exif_block(6))),
+        Seed("webp_lossy_exif", "image_bytes", _save(img, "WEBP", quality=80, exif=_EXIF + exif_block(6))),
         Seed("tiff", "image_bytes", _save(img, "TIFF")),
     ]
     return seeds
