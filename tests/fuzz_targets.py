@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import io
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -59,6 +60,24 @@ class OrientationTableTarget(ContractSafeTarget):
         transpose = _UPRIGHT[orientation]  # the bug: no range check
         image = super().decode_image(blob)
         return image if transpose is None else np.ascontiguousarray(np.rot90(image, transpose % 4))
+
+
+class ZeroForNoWordsTarget(ContractSafeTarget):
+    """Broken, silently: a tokenizer that stops at a BOM, and mean pooling over no tokens gives zeros."""
+
+    uri = "py:tests.fuzz_targets:zero_for_no_words"
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        kept = [t.split("\ufeff")[0] for t in texts]
+        out = super().embed_texts([t if t.split() else "x" for t in kept])
+        for i, t in enumerate(kept):
+            if not t.split():
+                out[i] = 0.0  # the bug: an answer for an input that has no content
+        return out
+
+
+def zero_for_no_words() -> Target:
+    return ZeroForNoWordsTarget()
 
 
 def splt_crash() -> Target:

@@ -81,6 +81,17 @@ def test_a_planted_png_chunk_segfault_is_found_minimised_and_replayed(
     assert code == 1 and "SIGSEGV" in out
 
 
+def test_silent_garbage_is_found_deduplicated_and_minimised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    findings = _run(ft.ZeroForNoWordsTarget(), kinds=["text_bytes"], stop_after_failures=1)
+    [fail] = [f for f in findings if f.verdict == Verdict.FAIL]
+    ev = fail.evidence
+    assert ev["signature"] == "text_bytes:garbage:all_zero" and fail.severity.value == "high"
+    assert ev["minimised_bytes"] <= 3 and fail.artifacts[0].name.endswith(".txt")
+    assert ev["hits"] >= 1 and findings[-1].metrics["n_garbage"] == ev["hits"]
+    code, out = _replay_cli(fail, tmp_path, capsys)
+    assert code == 1 and "all-zero embedding" in out
+
+
 def test_a_correct_target_survives_the_fuzzer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     findings = _run(bt.ContractSafeTarget(), max_cases=400)
     assert [f.verdict for f in findings] == [Verdict.PASS], [f.title for f in findings]

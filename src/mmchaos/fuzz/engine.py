@@ -87,6 +87,8 @@ class FuzzReport:
     queue: int = 0
     seeds: int = 0
     minimise_tests: int = 0
+    first_error: str = ""
+    """The first harness error (a worker that could not run an input), if any."""
 
     @property
     def cases_per_s(self) -> float:
@@ -209,6 +211,8 @@ class Fuzzer:
                 self._record(case, verdict, results[i], time.monotonic() - start)
             elif verdict.outcome in ("ok", "rejected"):
                 self._learn(case, results[i])
+            elif verdict.outcome == "error" and not self.report.first_error:
+                self.report.first_error = verdict.detail
         if self.on_progress is not None:
             self.on_progress(len(cases))
 

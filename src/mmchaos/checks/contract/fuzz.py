@@ -263,6 +263,16 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
         failing = [f for f in report.failures.values() if f.outcome in self.gate.fail_on]
         for i, failure in enumerate(failing):
             yield self._failure(ctx, target, i, failure)
+        errors = report.outcomes.get("error", 0)
+        if errors:
+            yield self.finding(
+                ctx,
+                Verdict.ERROR,
+                f"{errors} fuzzed input(s) could not be run: {report.first_error}"[:300],
+                severity=Severity.MEDIUM,
+                message=report.first_error,
+                metrics={"n_error": float(errors)},
+            )
         metrics: dict[str, float] = {
             "cases": float(report.cases),
             "cases_per_s": report.cases_per_s,
