@@ -69,7 +69,7 @@ def test_a_planted_exif_orientation_bug_is_found_within_the_default_budget(
 def test_a_planted_png_chunk_segfault_is_found_minimised_and_replayed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    findings = _run(ft.SpltCrashTarget(), stop_after_failures=1, minimise_seconds=15.0)
+    findings = _run(ft.SpltCrashTarget(), stop_after_failures=1, minimise_seconds=8.0)
     [fail] = [f for f in findings if f.verdict == Verdict.FAIL]
     ev = fail.evidence
     assert ev["signature"] == "image_bytes:crashed:SIGSEGV@__init__.py:string_at"
