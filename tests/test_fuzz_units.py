@@ -234,3 +234,23 @@ def test_schema_examples_and_broken_bodies() -> None:
     labels = [c[0] for c in cases]
     assert "valid" in labels and "missing model" in labels and "input=null" in labels and "deeply nested" in labels
     assert len(labels) == len(set(labels))
+
+
+def test_fuzz_replay_refuses_bad_usage_with_exit_code_2(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from mmchaos.cli import main
+
+    root = Path(str(tmp_path))
+    blob = root / "x.png"
+    blob.write_bytes(b"\x89PNG")
+    cases = [
+        (["fuzz-replay", str(root / "missing.png"), "--target", "py:tests.fakes:hash_embed"], "data_missing_file"),
+        (["fuzz-replay", str(blob), "--target", "py:tests.fakes:hash_embed", "--kind", "audio"], "fuzz_bad_kind"),
+        (["fuzz-replay", str(blob), "--target", "py:tests.fakes:hash_embed", "--option", "device"], "config_invalid"),
+    ]
+    for argv, code in cases:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert f"error [{code}]" in capsys.readouterr().err

@@ -60,14 +60,14 @@ def fuzz_replay_command(
         timeout_s=timeout,
         isolation="inprocess" if inprocess else "subprocess",
     )
-    out.print(f"outcome: {verdict.outcome}: {verdict.detail}", markup=False, highlight=False)
+    out.print(f"outcome: {verdict.outcome}: {verdict.detail}", markup=False, highlight=False, soft_wrap=True)
     if verdict.signature:
-        out.print(f"signature: {verdict.signature}", markup=False, highlight=False)
+        out.print(f"signature: {verdict.signature}", markup=False, highlight=False, soft_wrap=True)
     if not verdict.failed:
         out.print("not reproduced: the input is handled cleanly", markup=False)
         return 0
     if expect is not None and verdict.signature != expect:
-        out.print(f"a different failure than expected ({expect})", markup=False, highlight=False)
+        out.print(f"a different failure than expected ({expect})", markup=False, highlight=False, soft_wrap=True)
     else:
         out.print("reproduced", markup=False)
     return 1
