@@ -254,3 +254,34 @@ def test_fuzz_replay_refuses_bad_usage_with_exit_code_2(tmp_path: object, capsys
             main(argv)
         assert exc.value.code == 2
         assert f"error [{code}]" in capsys.readouterr().err
+
+
+def _campaign(target: object, cases: int, seed: int = 0) -> object:
+    from mmchaos.fuzz import FuzzConfig, Fuzzer
+    from mmchaos.fuzz.worker import fuzz_job
+    from mmchaos.isolation import InProcessRunner, WorkerSpec
+
+    runner = InProcessRunner(target, WorkerSpec(uri="inprocess"), fuzz_job)
+    config = FuzzConfig(max_cases=cases, max_seconds=120.0, minimise_tests=80)
+    return Fuzzer(runner, SEEDS + text_seeds("a red circle"), config, np.random.default_rng(seed)).run()
+
+
+def test_a_campaign_is_deterministic_for_a_seed_and_a_case_budget() -> None:
+    from tests.broken_targets import ContractSafeTarget
+
+    a, b = (_campaign(ContractSafeTarget(), 120) for _ in range(2))
+    for attr in ("cases", "outcomes", "features", "queue"):
+        assert getattr(a, attr) == getattr(b, attr), attr
+    assert a.cases == 120 and a.stopped_by == "cases" and not a.failures  # type: ignore[attr-defined]
+
+
+def test_the_loop_finds_and_minimises_the_orientation_bug_in_process() -> None:
+    from tests.fuzz_targets import OrientationTableTarget
+
+    report = _campaign(OrientationTableTarget(), 400)
+    [failure] = report.failures.values()  # type: ignore[attr-defined]
+    assert failure.signature.startswith("image_bytes:crashed:IndexError@fuzz_targets.py:decode_image")
+    assert failure.minimised is not None and len(failure.minimised) <= len(failure.data)
+    assert report.first_failure_case <= 400  # type: ignore[attr-defined]
+    with Image.open(io.BytesIO(failure.minimised)) as img:
+        assert int(img.getexif()[0x0112]) >= 9, "the reproducer carries an out-of-range orientation"
