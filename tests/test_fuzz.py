@@ -119,6 +119,7 @@ def test_an_http_target_is_fuzzed_through_a_real_server_within_its_request_budge
     assert summary.metrics["http_requests"] <= budget["max_requests"]
     assert summary.evidence["openapi"]["found"] and summary.metrics["openapi_requests"] > 20
     assert summary.metrics["openapi_operations"] >= 2
+    assert summary.evidence["openapi"]["statuses"].get("200", 0) > 0, "the schema phase found a body the server takes"
     assert not [s for s in sigs if s.startswith("http:")], "the reference server answers every broken body 4xx"
 
 

@@ -156,6 +156,36 @@ def _operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return ops
 
 
+def _accepted_body(
+    client: Any, method: str, url: str, schema: Any, doc: dict[str, Any], hints: dict[str, Any], outcome: SchemaOutcome
+) -> dict[str, Any]:
+    """The base body to break: the required keys, plus the first optional key the server needs.
+
+    A schema often cannot say "one of these two keys" (``input`` or ``messages``); the server can.
+    Up to one request per optional property finds a body it accepts (else the required keys only).
+    """
+    import httpx
+
+    s = _resolve(schema, doc)
+    base = example(schema, doc, hints)
+    base = base if isinstance(base, dict) else {}
+    props = s.get("properties", {})
+    candidates = [base] + [
+        {**base, name: hints[name] if name in hints else example(sub, doc, hints)}
+        for name, sub in props.items()
+        if name not in base
+    ]
+    for body in candidates:
+        try:
+            resp = client.request(method, url, json=body)
+        except httpx.HTTPError:
+            continue
+        outcome.requests += 1
+        if resp.status_code < 400:
+            return body
+    return base
+
+
 def _signature(method: str, path: str, status: int | None, body: bytes, exc: str) -> str:
     if status is None:
         return f"http:{method} {path}:{exc}"
@@ -195,12 +225,15 @@ def schema_phase(
             return outcome
         outcome.found = True
         outcome.reason = ""
-        hints = {"model": model} if model else {}
+        hints: dict[str, Any] = {"role": "user", **({"model": model} if model else {})}
         ops = _operations(doc)
         outcome.operations = len(ops)
         for method, path, schema in ops:
-            body = example(schema, doc, hints)
             props = _resolve(schema, doc).get("properties", {})
+            try:
+                body = _accepted_body(client, method, f"{root}{path}", schema, doc, hints, outcome)
+            except BudgetExhausted:
+                return outcome
             for label, content, ctype in _cases(body if isinstance(body, dict) else {}, props, rng):
                 try:
                     resp = client.request(method, f"{root}{path}", content=content, headers={"Content-Type": ctype})
