@@ -175,7 +175,7 @@ def _accepted_body(
         for name, sub in props.items()
         if name not in base
     ]
-    for body in candidates:
+    for body in candidates[:8]:
         try:
             resp = client.request(method, url, json=body)
         except httpx.HTTPError:
@@ -228,13 +228,20 @@ def schema_phase(
         hints: dict[str, Any] = {"role": "user", **({"model": model} if model else {})}
         ops = _operations(doc)
         outcome.operations = len(ops)
-        for method, path, schema in ops:
+        for n, (method, path, schema) in enumerate(ops):
+            share = ledger.remaining_requests() // (len(ops) - n)  # the budget split evenly over operations
+            sent = ledger.sent
             props = _resolve(schema, doc).get("properties", {})
             try:
                 body = _accepted_body(client, method, f"{root}{path}", schema, doc, hints, outcome)
             except BudgetExhausted:
                 return outcome
-            for label, content, ctype in _cases(body if isinstance(body, dict) else {}, props, rng):
+            cases = _cases(body if isinstance(body, dict) else {}, props, rng)
+            left = max(0, share - (ledger.sent - sent))
+            if left < len(cases):  # a sample of the broken bodies, the valid one first
+                keep = sorted(int(i) for i in rng.choice(np.arange(1, len(cases)), max(0, left - 1), replace=False))
+                cases = [cases[0], *(cases[i] for i in keep)][:left]
+            for label, content, ctype in cases:
                 try:
                     resp = client.request(method, f"{root}{path}", content=content, headers={"Content-Type": ctype})
                     status: int | None = resp.status_code
