@@ -32,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=["orientation_table", "splt_crash"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--no-novelty", action="store_true", help="mutate the seeds only (guidance off)")
     parser.add_argument("--clean", action="store_true", help="also run the correct twin over the full case budget")
     args = parser.parse_args()
     data = make_shapes(4, seed=1)
@@ -43,7 +44,9 @@ def main() -> None:
     for name, seed, stop in runs:
         ctx = CheckContext(target=_target(name), dataset=data, seed=seed, check_id="contract_fuzz")  # type: ignore[arg-type]
         start = time.perf_counter()
-        findings = list(ContractFuzz(ContractFuzzParams(stop_after_failures=stop)).run(ctx))
+        findings = list(
+            ContractFuzz(ContractFuzzParams(stop_after_failures=stop, novelty=not args.no_novelty)).run(ctx)
+        )
         wall = time.perf_counter() - start
         summary = next(f for f in findings if f.verdict == Verdict.PASS)
         fail = next((f for f in findings if f.verdict == Verdict.FAIL), None)

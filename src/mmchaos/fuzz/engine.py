@@ -48,6 +48,8 @@ class FuzzConfig:
     structured: float = 0.75
     """Probability that a mutation step is structure-aware (when one applies to the format)."""
     queue_limit: int = 512
+    novelty: bool = True
+    """Keep inputs that show a new feature in the queue (off: mutate the seeds only, for comparison)."""
     minimise: bool = True
     minimise_tests: int = 400
     minimise_seconds: float = 30.0
@@ -192,7 +194,11 @@ class Fuzzer:
         return admitted
 
     def _next_case(self) -> _Case:
-        parent = self.queue[int(self.rng.integers(len(self.queue)))]
+        # Half the parents are seeds, half the inputs novelty kept: shallow bugs (one mutation from
+        # a seed) stay as likely as without guidance, and deeper ones get mutation stacks to grow on.
+        kept = self.queue[len(self.seeds) :]
+        pool = kept if kept and self.rng.random() < 0.5 else self.seeds
+        parent = pool[int(self.rng.integers(len(pool)))]
         donors = [e.data for e in self.seeds if e.kind == parent.kind]
         data, names = mutate(self.rng, parent.data, parent.kind, donors, structured=self.config.structured)
         return _Case(parent.kind, data, parent.name, names)
@@ -222,7 +228,7 @@ class Fuzzer:
         if not new:
             return
         self.seen.update(new)
-        if case.mutators and len(self.queue) < self.config.queue_limit:
+        if self.config.novelty and case.mutators and len(self.queue) < self.config.queue_limit:
             name = f"{case.parent}+{'+'.join(case.mutators)}"[:120]
             self.queue.append(_Entry(name, case.kind, case.data))
 

@@ -59,6 +59,7 @@ class ContractFuzzParams(Params):
     stop_after_failures: int = Field(
         default=0, ge=0, description="end the mutation phase after this many distinct failures; 0 = whole budget"
     )
+    novelty: bool = Field(default=True, description="keep inputs that show a new feature (off: seeds only)")
     minimise: bool = True
     minimise_tests: int = Field(default=400, ge=1, description="runs per failure signature at most")
     minimise_seconds: float = Field(default=30.0, gt=0, description="per failure signature")
@@ -196,6 +197,7 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
             minimise_tests=p.minimise_tests,
             minimise_seconds=p.minimise_seconds,
             stop_after_failures=p.stop_after_failures,
+            novelty=p.novelty,
         )
         bar = ctx.progress.task(f"{ctx.check_id}: fuzzing", total=p.max_cases)
         try:
