@@ -338,6 +338,11 @@ CHECK_TESTS: dict[str, tuple[str, str, str]] = {
         "test_a_processor_that_ignores_exif_fails_every_rotated_photo",
         "test_a_validating_target_passes_the_whole_corpus",
     ),
+    "contract_fuzz": (
+        "test_fuzz",
+        "test_a_planted_exif_orientation_bug_is_found_within_the_default_budget",
+        "test_a_correct_target_survives_the_fuzzer",
+    ),
     "precision": (
         "test_engine_checks",
         "test_precision_names_the_layer_that_overflows_in_fp16",

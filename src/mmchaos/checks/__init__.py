@@ -15,6 +15,7 @@ for _name, _spec in {
     "missing_modality": "mmchaos.checks.robustness.missing_modality:MissingModality",
     "batch_invariance": "mmchaos.checks.engine.batch_invariance:BatchInvariance",
     "contract": "mmchaos.checks.contract.contract:Contract",
+    "contract_fuzz": "mmchaos.checks.contract.fuzz:ContractFuzz",
     "precision": "mmchaos.checks.engine.precision:Precision",
     "context_boundary": "mmchaos.checks.engine.context_boundary:ContextBoundary",
     "image_context_boundary": "mmchaos.checks.engine.image_context_boundary:ImageContextBoundary",

@@ -15,6 +15,7 @@ import typer
 
 from mmchaos.cli import (
     export_cmd,
+    fuzz_cmd,
     list_cmd,
     perturb_cmd,
     proxy_cmd,
@@ -45,7 +46,7 @@ def _root(
 
 
 # One module per command; each adds itself to the app (and imports its heavy parts lazily).
-for _module in (validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd):
+for _module in (validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd):
     _module.register(app)
 
 validate = validate_cmd.validate_command

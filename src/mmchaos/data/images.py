@@ -84,10 +84,12 @@ def _limits(max_pixels: int | None, max_side: int | None) -> SizeLimits:
 
 def _checked_header(fp: IO[bytes], name: str, max_pixels: int | None, max_side: int | None) -> Image.Image:
     """The opened (not decoded) image, refused first by its declared size."""
-    from PIL import UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     try:
         img = _identify(fp, name)
+    except Image.DecompressionBombError as exc:  # a GIF frame larger than the screen its header declares
+        raise ImageLoadError(f"image refused before decoding: {exc}", code="image_too_large") from exc
     except UnidentifiedImageError as exc:
         fp.seek(0)
         head = fp.read(8)
@@ -112,13 +114,15 @@ def open_upright(
     Callers that need another layout than RGB (``mmchaos perturb`` keeps grey and RGBA) convert
     the image themselves; everyone else calls :func:`load_image`.
     """
-    from PIL import ImageOps
+    from PIL import Image, ImageOps
 
     fp, name = _source(source)
     try:
         with _checked_header(fp, name, max_pixels, max_side) as img:
             try:
                 img.load()
+            except Image.DecompressionBombError as exc:  # a frame larger than the header declared (GIF)
+                raise ImageLoadError(f"image refused while decoding: {exc}", code="image_too_large") from exc
             except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
                 raise ImageLoadError(
                     f"cannot decode the {img.format} image: {exc}",
