@@ -9,7 +9,7 @@ harness outlives its target.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -109,7 +109,7 @@ class CheckContext:
         keys: Sequence[str],
         encode: Callable[[R], Any],
         decode: Callable[[Any], R],
-    ) -> Iterator[R]:
+    ) -> Generator[R, None, None]:
         """Run work units on the run's executor (or here), results in order, committed as they come.
 
         ``fn`` is a module-level function ``fn(worker, shared, unit)``; ``keys`` name the units in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mmchaos.executors.base import Executor, UnitFn
@@ -74,7 +74,7 @@ def run_units(
     decode: Callable[[Any], R],
     journal: UnitJournal | None = None,
     what: str = "units",
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """The results of ``units`` in order: read back where the journal has them, computed otherwise."""
     if len(keys) != len(units) or len(set(keys)) != len(keys):
         raise ValueError("every unit needs its own key")

@@ -211,6 +211,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 outcomes.append(outcome)
                 cases += found
                 yield finding
+            results.close()  # every unit is in: the workers' caches (a shard of inputs) can go
         finally:
             bar.close()
         for why, names in skipped.items():
@@ -261,10 +262,11 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 sevs = tuple(p.severities)
                 units = [Unit("probe", a, b, perturbation=name, severities=sevs) for a, b in sweep.shards]
             else:
+                # Shard-major within the perturbation: a worker decodes a shard once for all severities.
                 units = [
                     Unit("perturbed", a, b, task=task_name, perturbation=name, severity=sev)
-                    for sev in p.severities
                     for a, b in sweep.shards
+                    for sev in p.severities
                 ]
             jobs.append(_Job(pert, task_name, units))
         return jobs, skipped
@@ -320,8 +322,9 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         best: dict[int, _Case] = {}  # per sample: its largest drop, at the lowest severity (bounded)
         keep_n = max(p.worst_cases, p.worst_per_perturbation)
         constraint = None
-        for sev in p.severities:
-            parts: list[ShardResult] = take(len(sweep.shards))
+        arrived: list[ShardResult] = take(len(sweep.shards) * len(p.severities))  # scores, not images
+        for k, sev in enumerate(p.severities):
+            parts = arrived[k :: len(p.severities)]
             constraint = next((r.constraint for r in reversed(parts) if r.constraint is not None), constraint)
             result = task.combine(data, [r.result for r in parts])
             params = [prm for r in parts for prm in r.params]

@@ -98,7 +98,7 @@ def run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | Probe
         return ShardResult(_task(worker, plan, unit.task).evaluate_shard(worker.target, data, rows))
     assert unit.perturbation is not None
     pert = _perturbation(worker, plan, unit.perturbation)
-    inputs = _inputs(pert, data, rows, plan.text_field)
+    inputs = _shard_inputs(worker, plan, pert, data, unit)
     if unit.kind == "probe":
         return _probe(worker, plan, pert, data, rows, inputs, unit.severities)
     assert unit.task is not None
@@ -160,6 +160,19 @@ def multimodal_item(data: Dataset, i: int, text_field: str | None) -> Multimodal
         frames=tuple(s.meta["frames"]) if "frames" in s.meta else None,
         boxes=tuple(tuple(b) for b in s.meta["boxes"]) if "boxes" in s.meta else None,
     )
+
+
+def _shard_inputs(worker: Worker, plan: SweepPlan, pert: Perturbation[Any], data: Dataset, unit: Unit) -> list[Any]:
+    """The shard's clean inputs, decoded once for the consecutive units of one shard (one shard kept).
+
+    Perturbations are pure (they return new items), so the severities of a shard share its inputs.
+    """
+    last: dict[tuple[str, int, int], list[Any]] = worker.memo(f"{plan.key}/inputs", dict)
+    key = (pert.modality.value, unit.start, unit.stop)
+    if key not in last:
+        last.clear()  # memory holds one shard of inputs, not more
+        last[key] = _inputs(pert, data, list(range(unit.start, unit.stop)), plan.text_field)
+    return last[key]
 
 
 def _inputs(pert: Perturbation[Any], data: Dataset, rows: list[int], text_field: str | None) -> list[Any]:
