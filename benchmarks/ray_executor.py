@@ -55,18 +55,15 @@ def measure(name: str, check: Any, target: Any, dataset: Any, executor: Any, rep
     return {"executor": name, "check_s": round(min(w for w, _ in runs), 2), "findings": runs[0][1]}
 
 
-def dispatch_overhead(spec: TargetSpec, n: int) -> tuple[float, float]:
-    """Seconds per no-op unit: locally, and through one Ray actor."""
-    worker = Worker(load_target(spec.uri, spec.options), _dataset(spec.data))
+def dispatch_overhead(executor: Any, worker: Worker, n: int) -> tuple[float, float]:
+    """Seconds per no-op unit: in process, and through ``executor``."""
     start = time.perf_counter()
     list(LocalExecutor(worker).map(_noop, None, list(range(n))))
     local = (time.perf_counter() - start) / n
-    with RayExecutor(spec, workers=1) as ray_exec:
-        list(ray_exec.map(_noop, None, list(range(10))))  # warm
-        start = time.perf_counter()
-        list(ray_exec.map(_noop, None, list(range(n))))
-        remote = (time.perf_counter() - start) / n
-    return local, remote
+    list(executor.map(_noop, None, list(range(10))))  # warm
+    start = time.perf_counter()
+    list(executor.map(_noop, None, list(range(n))))
+    return local, (time.perf_counter() - start) / n
 
 
 def _dataset(spec: str) -> Any:
@@ -104,8 +101,9 @@ def main() -> None:
             with RayExecutor(spec, workers=workers) as executor:
                 starts[workers] = time.perf_counter() - start
                 rows.append(measure(f"ray-{workers}", check, target, dataset, executor, args.repeats))
+                if workers == 1:
+                    local_noop, ray_noop = dispatch_overhead(executor, Worker(target, dataset), 200)
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "findings"}), flush=True)
-        local_noop, ray_noop = dispatch_overhead(spec, 200)
     finally:
         ray.shutdown()
         target.close()
