@@ -158,3 +158,36 @@ def test_executor_ray_without_ray_installed_is_a_one_line_usage_error(
     assert not (tmp_path / "runs.db").exists(), "refused before any run was recorded"
     code, _, err = run_cli("validate", "--ray-address", "127.0.0.1:6379", "--out", str(tmp_path / "o"))
     assert code == 2 and "executor_bad_option" in err
+
+
+def test_retrieval_ranks_a_shard_against_the_whole_set_as_the_unsharded_task_does() -> None:
+    from mmchaos import perturb
+    from mmchaos.tasks.embedding import ImageToTextRetrieval, TextToImageRetrieval
+
+    data = make_shapes(40, seed=6)
+    target = fakes.HashEmbedTarget()
+    noisy, _ = perturb.get("gaussian_noise")([s.load_image() for s in data], 5, rng=1)
+    typos, _ = perturb.get("keyboard_typo")([s.caption or "" for s in data], 5, rng=1)
+    for task, kw in [(ImageToTextRetrieval(batch_size=8), "images"), (TextToImageRetrieval(batch_size=8), "texts")]:
+        inputs: Any = noisy if kw == "images" else typos
+        whole = task.evaluate(target, data, **{kw: inputs})
+        shards = [(a, min(a + 16, 40)) for a in range(0, 40, 16)]
+        parts = [task.evaluate_shard(target, data, list(range(a, b)), **{kw: inputs[a:b]}) for a, b in shards]
+        combined = task.combine(data, parts)
+        assert np.array_equal(combined.per_sample, whole.per_sample), task.name
+        assert combined.metric == pytest.approx(whole.metric) and whole.metric < 1.0
+        assert combined.extra == pytest.approx(whole.extra)
+
+
+def test_corpus_cer_of_shards_is_the_corpus_cer_of_the_set_not_a_mean_of_shards() -> None:
+    from mmchaos.tasks.base import TaskResult
+    from mmchaos.tasks.ocr import OCRTask, score_transcriptions
+    from mmchaos.tasks.ocr_metrics import corpus_cer
+
+    data = load_dataset("builtin:textlines?n=12")
+    refs = [s.text or "" for s in data]
+    preds = [r if i % 3 else r[: len(r) // 2] for i, r in enumerate(refs)]  # every third loses half
+    parts: list[TaskResult] = [score_transcriptions(preds[a : a + 5], refs[a : a + 5]) for a in (0, 5, 10)]
+    combined = OCRTask().combine(data, parts)
+    assert combined.metric == corpus_cer(preds, refs) > 0
+    assert combined.outputs == preds and len(combined.per_sample) == 12
