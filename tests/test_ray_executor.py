@@ -4,6 +4,7 @@ units it had committed. Skipped where Ray (the mmchaos[ray] extra) is not instal
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sqlite3
@@ -101,3 +102,17 @@ def test_a_run_whose_driver_was_killed_resumes_on_ray_without_recomputing(
     assert _units(db) == 0, "a finished check drops its units"
     fresh = _run(tmp_path, "fresh", "py:tests.sweep_fakes:dying", None)
     assert resumed == fresh
+
+
+def test_validate_executor_ray_from_the_cli(tmp_path: Path, local_ray: None, run_cli: Any) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SuiteSpec.model_validate(SUITE).model_dump_json())
+    code, out, err = run_cli("validate", "--executor", "ray", "--workers", "2", "--target", "py:tests.fakes:hash_embed",
+                             "--suite", str(suite), "--data", DATA, "--store", str(tmp_path / "runs.db"),
+                             "--out", str(tmp_path / "out"))  # fmt: skip
+    assert code == 1, err[-2000:]  # attribute_swap fails its gate on the bag-of-words target
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    with RunStore(tmp_path / "runs.db", read_only=True) as store:
+        run_id = store.resolve("latest")
+        assert _findings(store, run_id) == _run(tmp_path, "local", "py:tests.fakes:hash_embed", None)
+    assert results["summary"]["exit_code"] == 1
