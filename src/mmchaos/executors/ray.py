@@ -93,7 +93,10 @@ class RayExecutor(Executor):
             self._owns_ray = True
         cpus = int(self._ray.cluster_resources().get("CPU", 1))
         self.workers = workers if workers is not None else max(1, cpus)
-        actor_class = self._ray.remote(num_cpus=min(1.0, cpus / self.workers))(TargetActor)
+        resources: dict[str, float] = {"num_cpus": min(1.0, cpus / self.workers)}
+        if spec.options.device.startswith("cuda"):
+            resources["num_gpus"] = 1.0  # one target actor per device
+        actor_class = self._ray.remote(**resources)(TargetActor)
         self._actors = [actor_class.remote(spec) for _ in range(self.workers)]
         self._ray.get([a.ready.remote() for a in self._actors])
         log.info("ray executor: %d actor(s) hold %s", self.workers, spec.uri)
