@@ -116,3 +116,22 @@ def test_validate_executor_ray_from_the_cli(tmp_path: Path, local_ray: None, run
         run_id = store.resolve("latest")
         assert _findings(store, run_id) == _run(tmp_path, "local", "py:tests.fakes:hash_embed", None)
     assert results["summary"]["exit_code"] == 1
+
+
+def _fails_at_two(worker: Any, shared: int, unit: int) -> int:
+    if unit == 2:
+        raise ValueError("unit 2 broke")
+    return unit + shared
+
+
+def test_ray_yields_in_unit_order_and_raises_a_failed_unit_at_its_place(local_ray: None) -> None:
+    from mmchaos.executors import TargetSpec
+    from mmchaos.executors.ray import RayExecutor
+    from mmchaos.targets import TargetOptions
+
+    with RayExecutor(TargetSpec("py:tests.fakes:hash_embed", TargetOptions(), DATA), workers=2) as executor:
+        assert list(executor.map(_fails_at_two, 10, [5, 1, 0, 4, 3, 6])) == [15, 11, 10, 14, 13, 16]
+        got = executor.map(_fails_at_two, 10, [0, 1, 2, 3])
+        assert [next(got), next(got)] == [10, 11]
+        with pytest.raises(ValueError, match="unit 2 broke"):
+            next(got)
