@@ -19,6 +19,7 @@ from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import DataError, StoreError
+from mmchaos.executors import Executor, ExecutorSpec, StoreJournal, TargetSpec, open_executor
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
@@ -150,8 +151,13 @@ def run_suite(
     progress: ProgressSink | None = None,
     on_check: Callable[[str, list[Finding]], None] | None = None,
     observer: RunObserver | None = None,
+    executor: ExecutorSpec | None = None,
 ) -> RunResult:
-    """Run ``config`` (or resume run ``resume`` with its stored config) and return its findings."""
+    """Run ``config`` (or resume run ``resume`` with its stored config) and return its findings.
+
+    ``executor`` says where checks run their work units (default: in this process); it does not
+    change the findings, so a run may be resumed on another executor.
+    """
     progress = progress or NullProgress()
     if resume is not None:
         run_id = store.resolve(resume)
@@ -162,8 +168,10 @@ def run_suite(
         run_id = new_run_id()
     checks = build_checks(config.suite)
     target = load_target(config.target, config.options)
+    pool: Executor | None = None
     try:
-        dataset = _load_data(config.data or default_data(target))
+        data_spec = config.data or default_data(target)
+        dataset = _load_data(data_spec)
         fingerprint = target.fingerprint().to_dict()
         if resume is None:
             store.create_run(
@@ -190,6 +198,8 @@ def run_suite(
                 )
             store.update_run(run_id, status="running")
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
+        if executor is not None:
+            pool = open_executor(executor, TargetSpec(config.target, config.options, data_spec))
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         for check_id, check in checks:
@@ -199,7 +209,10 @@ def run_suite(
             if observer is not None:
                 observer.started(check_id)
             store.mark_started(run_id, check_id)
-            findings, timed, wall = _run_one(check_id, check, target, dataset, config.effective_seed, progress)
+            findings, timed, wall = _run_one(
+                check_id, check, target, dataset, config.effective_seed, progress,
+                executor=pool, journal=StoreJournal(store, run_id, check_id),
+            )  # fmt: skip
             store.commit_check(
                 run_id, check_id, findings, wall_seconds=wall, model_seconds=timed.seconds, model_calls=timed.calls
             )
@@ -209,12 +222,22 @@ def run_suite(
                 observer.finished(check_id, findings)
         store.update_run(run_id, status="complete", finished=time.time())
     finally:
+        if pool is not None:
+            pool.close()
         target.close()
     return RunResult(run_id, store.findings(run_id), sorted(done))
 
 
 def _run_one(
-    check_id: str, check: AnyCheck, target: Target, dataset: Dataset, seed: int, progress: ProgressSink
+    check_id: str,
+    check: AnyCheck,
+    target: Target,
+    dataset: Dataset,
+    seed: int,
+    progress: ProgressSink,
+    *,
+    executor: Executor | None = None,
+    journal: StoreJournal | None = None,
 ) -> tuple[list[Finding], TimedTarget, float]:
     """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
     timed = TimedTarget(target)
@@ -223,7 +246,10 @@ def _run_one(
     if why_not is not None:
         skipped = Finding(check_id, check.step, Verdict.SKIPPED, f"skipped: {why_not}", message=why_not)
         return [skipped], timed, 0.0
-    ctx = CheckContext(target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress)
+    ctx = CheckContext(
+        target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, executor=executor,
+        journal=journal,
+    )  # fmt: skip
     findings: list[Finding] = []
     try:
         findings.extend(check.run(ctx))

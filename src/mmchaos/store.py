@@ -65,6 +65,13 @@ CREATE TABLE IF NOT EXISTS findings (
     body TEXT NOT NULL,
     PRIMARY KEY (run_id, check_id, idx)
 );
+CREATE TABLE IF NOT EXISTS units (
+    run_id TEXT NOT NULL,
+    check_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (run_id, check_id, key)
+);
 CREATE TABLE IF NOT EXISTS artifacts (
     run_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -345,6 +352,7 @@ class RunStore:
         """Store a finished check's findings and artifacts and mark it done, atomically."""
         with self._tx() as db:
             db.execute("DELETE FROM findings WHERE run_id=? AND check_id=?", (run_id, check_id))
+            db.execute("DELETE FROM units WHERE run_id=? AND check_id=?", (run_id, check_id))
             db.executemany(
                 "INSERT INTO findings VALUES (?,?,?,?)",
                 [(run_id, check_id, i, json.dumps(f.to_dict())) for i, f in enumerate(findings)],
@@ -358,6 +366,28 @@ class RunStore:
                 "WHERE run_id=? AND check_id=?",
                 (time.time(), wall_seconds, model_seconds, model_calls, run_id, check_id),
             )
+
+    # work units of a running check (see mmchaos.executors.journal) -----------------------------
+    def commit_unit(self, run_id: str, check_id: str, key: str, body: str) -> None:
+        """Keep one finished work unit until its check commits (then they are dropped)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO units VALUES (?,?,?,?)", (run_id, check_id, key, body))
+
+    def unit_keys(self, run_id: str, check_id: str) -> set[str]:
+        try:
+            rows = self._db.execute("SELECT key FROM units WHERE run_id=? AND check_id=?", (run_id, check_id))
+            return {r[0] for r in rows}
+        except sqlite3.OperationalError:  # a store written before units existed, opened read-only
+            return set()
+
+    def unit(self, run_id: str, check_id: str, key: str) -> str:
+        row = self._db.execute(
+            "SELECT body FROM units WHERE run_id=? AND check_id=? AND key=?", (run_id, check_id, key)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"run {run_id} has no unit {key!r} of {check_id}", code="store_missing_unit")
+        body: str = row[0]
+        return body
 
     def findings(self, run_id: str) -> list[Finding]:
         rows = self._db.execute(

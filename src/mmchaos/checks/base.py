@@ -9,7 +9,7 @@ harness outlives its target.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -20,7 +20,10 @@ from mmchaos.findings import Finding, Step, Verdict
 from mmchaos.targets.base import Capability, Target
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from mmchaos.data.base import Dataset
+    from mmchaos.executors import Executor, UnitFn, UnitJournal
 
 __all__ = [
     "ANY_MODALITY",
@@ -88,12 +91,44 @@ class CheckContext:
     check_id: str
     progress: ProgressSink = field(default_factory=NullProgress)
     max_samples: int | None = None
+    executor: Executor | None = None
+    """Where work units run (None: in this process, on ``target``); see :mod:`mmchaos.executors`."""
+    journal: UnitJournal | None = None
+    """Where finished units are committed, so a resumed run does not compute them again."""
 
     def rng(self, *stream: int | str) -> np.random.Generator:
         """A generator seeded by (run seed, check id, stream): independent of run order."""
-        words = [self.seed, _stable_int(self.check_id)]
-        words += [s if isinstance(s, int) else _stable_int(s) for s in stream]
-        return np.random.default_rng(words)
+        return seeded_rng(self.seed, self.check_id, *stream)
+
+    def map_units(
+        self,
+        fn: UnitFn[S, U, R],
+        shared: S,
+        units: Sequence[U],
+        *,
+        keys: Sequence[str],
+        encode: Callable[[R], Any],
+        decode: Callable[[Any], R],
+    ) -> Generator[R, None, None]:
+        """Run work units on the run's executor (or here), results in order, committed as they come.
+
+        ``fn`` is a module-level function ``fn(worker, shared, unit)``; ``keys`` name the units in
+        the journal; ``encode``/``decode`` turn a result into JSON-able values and back.
+        """
+        from mmchaos.executors import LocalExecutor, Worker, run_units
+
+        executor = self.executor or LocalExecutor(Worker(self.target, self.dataset))
+        return run_units(
+            executor, fn, shared, units, keys=keys, encode=encode, decode=decode, journal=self.journal,
+            what=f"{self.check_id} units",
+        )  # fmt: skip
+
+
+def seeded_rng(seed: int, check_id: str, *stream: int | str) -> np.random.Generator:
+    """:meth:`CheckContext.rng` for code that runs away from the context (a work unit on a worker)."""
+    words = [seed, _stable_int(check_id)]
+    words += [s if isinstance(s, int) else _stable_int(s) for s in stream]
+    return np.random.default_rng(words)
 
 
 def _stable_int(text: str) -> int:
@@ -108,6 +143,9 @@ ANY_MODALITY: tuple[frozenset[Capability], ...] = (
 """``requires`` of checks that work on whatever single modality the target handles."""
 
 
+S = TypeVar("S")
+U = TypeVar("U")
+R = TypeVar("R")
 P = TypeVar("P", bound=BaseModel)
 G = TypeVar("G", bound=BaseModel)
 

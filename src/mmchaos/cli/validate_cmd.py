@@ -42,16 +42,31 @@ def validate_command(
         bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
+    executor: Annotated[
+        str, typer.Option("--executor", help="where work units run: local, or ray (needs mmchaos[ray])")
+    ] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="--executor ray: the cluster to join (default: a local Ray)")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="--executor ray: target actors (default: the cluster's CPUs)")
+    ] = None,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
     from mmchaos.cli.progress import CheckProgress
     from mmchaos.cli.summary import print_summary
+    from mmchaos.executors import ExecutorSpec
     from mmchaos.report import prepare_out_dir, write_reports
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
     from mmchaos.targets import TargetOptions
 
+    where = ExecutorSpec(executor, address=ray_address, workers=workers)  # bad options: exit 2 now
+    if where.kind == "ray":
+        from mmchaos.executors.ray import require_ray
+
+        require_ray()  # not installed: a one-line error before any model loads
     prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
     config = None
     if resume is None:
@@ -71,7 +86,10 @@ def validate_command(
     with RunStore(store_path) as store:
         err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
         with CheckProgress(err) as progress:
-            result = run_suite(config, store, resume=resume, progress=progress, observer=progress)
+            result = run_suite(
+                config, store, resume=resume, progress=progress, observer=progress,
+                executor=where if where.kind != "local" else None,
+            )  # fmt: skip
         results = write_reports(store, result.run_id, out_dir, strict=strict)
     print_summary(out, results, out_dir)
     raise typer.Exit(results["summary"]["exit_code"])

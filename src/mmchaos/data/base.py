@@ -17,7 +17,7 @@ import numpy.typing as npt
 from mmchaos.data.images import ImageLoadError, load_image
 from mmchaos.errors import DataError
 
-__all__ = ["Dataset", "Sample", "load_image_file"]
+__all__ = ["Dataset", "LazyImages", "Sample", "load_image_file"]
 
 ImageArray = npt.NDArray[np.uint8]
 
@@ -53,6 +53,22 @@ class Sample:
         if self.image_path is None:
             raise DataError(f"sample {self.id} has no image", code="data_no_image")
         return load_image_file(self.image_path)
+
+
+class LazyImages(Sequence[ImageArray]):
+    """The images of some samples, decoded only when indexed: a slice holds just its own images,
+    so a loop over batches keeps one batch in memory, not the whole set."""
+
+    def __init__(self, samples: Sequence[Sample]) -> None:
+        self._samples = samples
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [s.load_image() for s in self._samples[index]]
+        return self._samples[index].load_image()
 
 
 @dataclass
@@ -105,6 +121,49 @@ class Dataset(Sequence[Sample]):
         if n is None or n >= len(self.samples):
             return self
         return Dataset(self.name, self.samples[:n], list(self.classes), self.prompt_template, self.source)
+
+    def images(self) -> LazyImages:
+        """The samples' images, decoded on access (see :class:`LazyImages`)."""
+        return LazyImages(self.samples)
+
+    def select(self, indices: Sequence[int]) -> Dataset:
+        """The samples at ``indices``, in that order, as a dataset of the same kind (nothing is loaded)."""
+        return Dataset(
+            self.name, [self.samples[i] for i in indices], list(self.classes), self.prompt_template, self.source
+        )
+
+    def sample_indices(self, n: int | None, seed: int) -> list[int]:
+        """A seeded sample of ``n`` positions, stratified by label, in dataset order (all when ``n`` covers it).
+
+        Never "the first n": a folder sorted by class would give one class only. Each label gets
+        its share of ``n`` (largest remainders first, ties by label), drawn without replacement;
+        a set without labels is drawn uniformly.
+        """
+        size = len(self.samples)
+        if n is None or n >= size:
+            return list(range(size))
+        rng = np.random.default_rng([seed, 0x5A3D])
+        strata: dict[str, list[int]] = {}
+        for i, s in enumerate(self.samples):
+            strata.setdefault(s.label or "", []).append(i)
+        keys = sorted(strata)
+        exact = {k: n * len(strata[k]) / size for k in keys}
+        quota = {k: int(exact[k]) for k in keys}
+        spare = n - sum(quota.values())
+        for k in sorted(keys, key=lambda k: (-(exact[k] - quota[k]), k))[:spare]:
+            quota[k] += 1
+        chosen: list[int] = []
+        for k in keys:
+            members = strata[k]
+            picked = rng.choice(len(members), size=quota[k], replace=False)
+            chosen += [members[int(j)] for j in picked]
+        return sorted(chosen)
+
+    def sample(self, n: int | None, seed: int) -> Dataset:
+        """:meth:`sample_indices` as a dataset (the same object when every sample is kept)."""
+        if n is None or n >= len(self.samples):
+            return self
+        return self.select(self.sample_indices(n, seed))
 
     def subset(self, keep: Callable[[Sample], bool]) -> Dataset:
         return Dataset(

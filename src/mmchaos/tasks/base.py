@@ -73,6 +73,36 @@ class Task:
         override this, the others score the images and texts and ignore ``frames``/``boxes``."""
         return self.evaluate(target, dataset, images=images, texts=texts)
 
+    def evaluate_shard(
+        self,
+        target: Target,
+        dataset: Dataset,
+        indices: Sequence[int],
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> TaskResult:
+        """Score the samples ``dataset[indices]`` only; ``images``/``texts`` replace their clean inputs.
+
+        Sweeps call this one shard at a time, so memory holds a shard, not the set. A task whose
+        per-sample score depends on the other samples (retrieval ranks against the whole set)
+        overrides it; the default scores the shard as a dataset of its own.
+        """
+        return self.evaluate(target, dataset.select(indices), images, texts)
+
+    def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
+        """The result over ``dataset`` from the results of its consecutive shards, in order.
+
+        The default weighs each part's metric and extras by its size, which is exact for means over
+        samples; a corpus-level metric (CER) overrides it and recomputes from the outputs.
+        """
+        per_sample = np.concatenate([p.per_sample for p in parts]) if parts else np.zeros(0, np.float64)
+        sizes = [len(p.per_sample) for p in parts]
+        total = max(1, sum(sizes))
+        metric = float(sum(p.metric * n for p, n in zip(parts, sizes, strict=True)) / total)
+        keys = [k for k in parts[0].extra if all(k in p.extra for p in parts)] if parts else []
+        extra = {k: float(sum(p.extra[k] * n for p, n in zip(parts, sizes, strict=True)) / total) for k in keys}
+        return TaskResult(metric, per_sample, extra, [o for p in parts for o in p.outputs])
+
     def quality(self, metric: float) -> float:
         """The metric mapped to 'higher is better' in [0, 1], for relative robustness."""
         return metric if self.higher_is_better else max(0.0, 1.0 - metric)

@@ -18,7 +18,7 @@ _BOTH = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
 
 
 def _images(dataset: Dataset, images: Sequence[ImageArray] | None) -> Sequence[ImageArray]:
-    return images if images is not None else [s.load_image() for s in dataset]
+    return images if images is not None else dataset.images()
 
 
 def _captions(dataset: Dataset, texts: Sequence[str] | None) -> Sequence[str]:
@@ -84,6 +84,8 @@ def _ranks(sim: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
 class _Retrieval(Task):
     metric_name = "recall@1"
     requires = _BOTH
+    query: str = "image"
+    """The side whose items are the queries; the other side is the gallery they are ranked in."""
 
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__(batch_size)
@@ -123,7 +125,35 @@ class _Retrieval(Task):
         images: Sequence[ImageArray] | None = None,
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
-        ranks = _ranks(self._similarity(target, dataset, images, texts))
+        return self._result(_ranks(self._similarity(target, dataset, images, texts)))
+
+    def evaluate_shard(
+        self,
+        target: Target,
+        dataset: Dataset,
+        indices: Sequence[int],
+        images: Sequence[ImageArray] | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> TaskResult:
+        """Rank the shard's queries against the gallery of the whole set (clean embeddings cached).
+
+        Where the gallery side is perturbed too, the shard's own gallery items are the perturbed
+        ones and the rest of the set stays clean: each query still meets every sample as a
+        distractor, while memory holds one shard of inputs.
+        """
+        img_all, txt_all = self.embeddings(target, dataset, None, None)
+        rows = np.asarray(indices, dtype=np.int64)
+        img = img_all[rows] if images is None else embed(target, "embed_images", images, self.batch_size)
+        txt = txt_all[rows] if texts is None else embed(target, "embed_texts", texts, self.batch_size)
+        queries, gallery, own = (img, txt_all, txt) if self.query == "image" else (txt, img_all, img)
+        if (texts if self.query == "image" else images) is not None:
+            gallery = gallery.copy()
+            gallery[rows] = own
+        sim = queries @ gallery.T
+        mine = sim[np.arange(len(rows)), rows][:, None]
+        return self._result((sim > mine).sum(axis=1).astype(np.int64))
+
+    def _result(self, ranks: npt.NDArray[np.int64]) -> TaskResult:
         r1 = float((ranks < 1).mean()) if len(ranks) else 0.0
         r5 = float((ranks < 5).mean()) if len(ranks) else 0.0
         score = 1.0 / (1.0 + ranks.astype(np.float64))
@@ -134,6 +164,7 @@ class TextToImageRetrieval(_Retrieval):
     """Recall@k of finding each caption's image among all images of the set."""
 
     name = "retrieval_t2i"
+    query = "text"
 
     def _similarity(
         self, target: Target, dataset: Dataset, images: Sequence[ImageArray] | None, texts: Sequence[str] | None

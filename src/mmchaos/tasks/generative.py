@@ -17,7 +17,7 @@ from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
-from mmchaos.tasks.ocr_metrics import cer, corpus_cer
+from mmchaos.tasks.ocr import score_transcriptions
 
 __all__ = ["CaptionCER", "GenerativeOCR", "VQAAccuracy", "ask"]
 
@@ -28,12 +28,15 @@ def ask(
     target: Target, questions: Sequence[str], images: Sequence[ImageArray | None], params: GenerationParams, batch: int
 ) -> list[str]:
     """Greedy answers to (image, question) requests, ``batch`` requests a call; no image: text only."""
-    requests: list[list[Message]] = [
-        [Message("user", (img, q) if img is not None else q)] for img, q in zip(images, questions, strict=True)
-    ]
+    if len(images) != len(questions):
+        raise ValueError(f"{len(images)} images for {len(questions)} questions")
     out: list[str] = []
-    for i in range(0, len(requests), batch):
-        out += [r.text for r in target.generate_batch(requests[i : i + batch], params)]
+    for i in range(0, len(questions), batch):  # one batch of images decoded at a time
+        requests: list[list[Message]] = [
+            [Message("user", (img, q) if img is not None else q)]
+            for img, q in zip(images[i : i + batch], questions[i : i + batch], strict=True)
+        ]
+        out += [r.text for r in target.generate_batch(requests, params)]
     return out
 
 
@@ -62,10 +65,17 @@ class VQAAccuracy(Task):
         images: Sequence[ImageArray] | None = None,
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
-        imgs: Sequence[ImageArray | None] = images if images is not None else [s.load_image() for s in dataset]
+        imgs: Sequence[ImageArray | None] = images if images is not None else dataset.images()
         questions = texts if texts is not None else [s.question or "" for s in dataset]
         params = GenerationParams(max_new_tokens=self.max_new_tokens, logprobs=False)
-        preds = ask(target, questions, imgs, params, self.batch_size)
+        return self._score(dataset, ask(target, questions, imgs, params, self.batch_size))
+
+    def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
+        """Scored again over every shard's answers (the per-kind accuracies are not shard means)."""
+        return self._score(dataset, [o for p in parts for o in p.outputs])
+
+    @staticmethod
+    def _score(dataset: Dataset, preds: list[str]) -> TaskResult:
         refs = [_answers(s) for s in dataset]
         right = np.array([normalised_match(p, r) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
         exact = [exact_match(p, r) for p, r in zip(preds, refs, strict=True)]
@@ -98,13 +108,14 @@ class _GeneratedText(Task):
         images: Sequence[ImageArray] | None = None,
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
-        imgs: Sequence[ImageArray | None] = images if images is not None else [s.load_image() for s in dataset]
+        imgs: Sequence[ImageArray | None] = images if images is not None else dataset.images()
         params = GenerationParams(max_new_tokens=self.max_new_tokens, logprobs=False)
         preds = ask(target, [self.prompt] * len(imgs), imgs, params, self.batch_size)
-        refs = [self._reference(s) for s in dataset]
-        per = np.array([max(0.0, 1.0 - cer(p, r)) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
-        exact = float(np.mean([p.strip() == r.strip() for p, r in zip(preds, refs, strict=True)])) if refs else 0.0
-        return TaskResult(corpus_cer(preds, refs), per, {"exact_match": exact}, preds)
+        return score_transcriptions(preds, [self._reference(s) for s in dataset])
+
+    def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
+        """Corpus CER over every shard's generated texts."""
+        return score_transcriptions([o for p in parts for o in p.outputs], [self._reference(s) for s in dataset])
 
 
 class GenerativeOCR(_GeneratedText):

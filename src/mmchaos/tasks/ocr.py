@@ -11,7 +11,7 @@ from mmchaos.targets.base import Capability, Target
 from mmchaos.tasks.base import ImageArray, Task, TaskResult, batched
 from mmchaos.tasks.ocr_metrics import cer, corpus_cer
 
-__all__ = ["OCRTask"]
+__all__ = ["OCRTask", "score_transcriptions"]
 
 
 class OCRTask(Task):
@@ -33,9 +33,17 @@ class OCRTask(Task):
         images: Sequence[ImageArray] | None = None,
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
-        imgs = images if images is not None else [s.load_image() for s in dataset]
+        imgs = images if images is not None else dataset.images()
         preds: list[str] = [t for part in batched(target.read_text, imgs, self.batch_size) for t in part]
-        refs = [s.text or "" for s in dataset]
-        per = np.array([max(0.0, 1.0 - cer(p, r)) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
-        exact = float(np.mean([p.strip() == r.strip() for p, r in zip(preds, refs, strict=True)])) if refs else 0.0
-        return TaskResult(corpus_cer(preds, refs), per, {"exact_match": exact}, preds)
+        return score_transcriptions(preds, [s.text or "" for s in dataset])
+
+    def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
+        """Corpus CER over every shard's transcriptions (not a mean of shard CERs)."""
+        return score_transcriptions([o for p in parts for o in p.outputs], [s.text or "" for s in dataset])
+
+
+def score_transcriptions(preds: Sequence[str], refs: Sequence[str]) -> TaskResult:
+    """Corpus CER, per-sample ``1 - CER`` and exact match of predicted against reference texts."""
+    per = np.array([max(0.0, 1.0 - cer(p, r)) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
+    exact = float(np.mean([p.strip() == r.strip() for p, r in zip(preds, refs, strict=True)])) if refs else 0.0
+    return TaskResult(corpus_cer(preds, refs), per, {"exact_match": exact}, list(preds))

@@ -14,7 +14,7 @@ changed one) and gates that instead; they stay out of the score.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,18 @@ import numpy.typing as npt
 from pydantic import Field, field_validator, model_validator
 
 from mmchaos import perturb, tasks
-from mmchaos.checks.base import Check, CheckContext, Gate, Params, ProgressTask
+from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
+from mmchaos.checks.robustness.sweep import (
+    ShardResult,
+    SweepPlan,
+    Unit,
+    decode,
+    encode,
+    multimodal_item,
+    run_unit,
+    texts_of,
+)
 from mmchaos.data.base import Dataset
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.perturb.base import (
@@ -34,7 +44,6 @@ from mmchaos.perturb.base import (
     MultimodalPerturbation,
     MultimodalSample,
     Perturbation,
-    TextPerturbation,
 )
 from mmchaos.targets.base import Capability, Target
 from mmchaos.tasks.base import Task, TaskResult
@@ -51,6 +60,8 @@ SCORE_DEFINITION = (
     "judges the samples left intact) are not in the score."
 )
 
+SAMPLING = "seeded by the run seed, stratified by label (each label its share), in dataset order"
+
 _BOTH = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
 
 
@@ -61,8 +72,11 @@ class RobustnessParams(Params):
     groups: list[str] | None = Field(None, description="perturbation groups (noise, blur, weather, ...)")
     exclude: list[str] = Field(default_factory=list, description="names removed from the selection")
     severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
-    samples: int = Field(256, ge=1, description="samples of the dataset used (the first N)")
+    samples: int = Field(256, ge=1, description="samples of the dataset used: a seeded sample stratified by label")
     batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(
+        64, ge=1, description="samples per work unit: a worker holds one shard's inputs, never the whole set"
+    )
     worst_cases: int = Field(10, ge=0, description="worst cases of the sweep saved with clean/perturbed images")
     worst_per_perturbation: int = Field(3, ge=0, description="worst samples recorded (params only) per perturbation")
     meaning_kept: float | None = Field(
@@ -110,7 +124,7 @@ class RobustnessGate(Gate):
 
 @dataclass
 class _Case:
-    """A candidate worst case: one sample under one perturbation at one severity."""
+    """A candidate worst case: one sample under one perturbation at one severity (replayed for evidence)."""
 
     drop: float
     perturbation: str
@@ -120,16 +134,7 @@ class _Case:
     clean_score: float
     perturbed_score: float
     params: dict[str, Any]
-    perturbed: Any
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _RunState:
-    """What one run caches: clean task results, unit embeddings of the clean inputs."""
-
-    tasks: dict[str, tuple[Task, TaskResult]] = field(default_factory=dict)
-    embeddings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,6 +143,25 @@ class _Outcome:
     group: str
     relative: dict[int, float]
     in_score: bool = True
+
+
+@dataclass
+class _Job:
+    """One perturbation of the sweep: its task (None for a sensitivity probe) and its units."""
+
+    pert: Perturbation[Any]
+    task: str | None
+    units: list[Unit]
+
+
+@dataclass
+class _Sweep:
+    """What the driver knows of a run: the sampled set, its shards, and the plan units share."""
+
+    data: Dataset
+    plan: SweepPlan
+    shards: list[tuple[int, int]]
+    bind: BindContext
 
 
 class Robustness(Check[RobustnessParams, RobustnessGate]):
@@ -155,50 +179,39 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        data = ctx.dataset.head(p.samples)
-        images = [s.load_image() for s in data] if data.has_images else []
-        captions = _texts(data, ctx.target)
-        selection = p.selected()
-        bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
-        constraint = None
-        if p.meaning_kept is not None:
-            from mmchaos.perturb.meaning import MeaningKept
-
-            constraint = MeaningKept(p.meaning_kept)
-        state = _RunState()
+        sweep = self._prepare(ctx)
+        constraint: dict[str, Any] | None = None  # as the workers applied it
+        jobs, skipped = self._plan_jobs(ctx, sweep)
+        clean_tasks = list(dict.fromkeys(j.task for j in jobs if j.task is not None and not j.pert.expects_change))
+        clean_units = [Unit("clean", a, b, task=t) for t in clean_tasks for a, b in sweep.shards]
+        units = clean_units + [u for j in jobs for u in j.units]
+        bar = ctx.progress.task(f"{ctx.check_id}: perturbations", total=len(units))
         outcomes: list[_Outcome] = []
         cases: list[_Case] = []
-        skipped: dict[str, list[str]] = {}
-        bar = ctx.progress.task(f"{ctx.check_id}: perturbations", total=len(selection) * len(p.severities))
         try:
-            for name in selection:
-                pert: Perturbation[Any] = perturb.get(name).bind(bind)
-                if constraint is not None and isinstance(pert, TextPerturbation):
-                    pert = pert.constrained(constraint)
-                inputs, why = self._inputs(pert, data, images, captions)
-                task_name = None
-                if why is None and pert.expects_change:
-                    if not (ctx.target.has(*_BOTH) and images and captions):
-                        why = "sensitivity probes need a target that embeds images and texts, and captioned images"
-                elif why is None:
-                    task_name = self._task_for(pert, ctx.target, data, inputs)
-                    if task_name is None:
-                        why = f"no task scores {pert.modality.value} perturbations on this target and dataset"
-                if why is not None:
-                    skipped.setdefault(why, []).append(name)
-                    bar.advance(len(p.severities))
+            results = ctx.map_units(run_unit, sweep.plan, units, keys=[u.key for u in units], encode=encode,
+                                    decode=decode)  # fmt: skip
+
+            def take(n: int) -> list[Any]:
+                out = [next(results) for _ in range(n)]
+                bar.advance(n)
+                return out
+
+            clean: dict[str, tuple[Task, TaskResult]] = {}
+            for name in clean_tasks:
+                task = tasks.REGISTRY.get(name)(batch_size=p.batch_size)
+                clean[name] = (task, task.combine(sweep.data, [r.result for r in take(len(sweep.shards))]))
+            for job in jobs:
+                if job.task is None:
+                    yield self._sensitivity(ctx, sweep, job.pert, take(len(job.units)))
                     continue
-                if pert.expects_change:
-                    yield self._sensitivity(ctx, state, pert, data, inputs, images, captions, bar)
-                    continue
-                assert task_name is not None
-                task, clean = self._clean(state, task_name, ctx.target, data, p.batch_size)
-                finding, outcome, found = self._sweep(ctx, pert, task, clean, data, inputs, bar)
-                if constraint is not None and isinstance(pert, TextPerturbation):
-                    finding.evidence["meaning_constraint"] = constraint.describe()
+                task, clean_result = clean[job.task]
+                finding, outcome, found = self._sweep(ctx, sweep, job.pert, task, clean_result, take)
+                constraint = finding.evidence.get("meaning_constraint", constraint)
                 outcomes.append(outcome)
                 cases += found
                 yield finding
+            results.close()  # every unit is in: the workers' caches (a shard of inputs) can go
         finally:
             bar.close()
         for why, names in skipped.items():
@@ -210,33 +223,73 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 evidence={"perturbations": names, "reason": why},
             )
         if any(o.in_score for o in outcomes):
-            yield self._summary(ctx, outcomes, cases, data, images, captions, skipped, constraint)
+            yield self._summary(ctx, sweep, outcomes, cases, skipped, constraint)
 
-    # --- inputs and tasks ------------------------------------------------------------------------
+    # --- planning (on the driver: no image is loaded here) ---------------------------------------
 
-    def _inputs(
-        self, pert: Perturbation[Any], data: Dataset, images: list[Any], captions: list[str]
-    ) -> tuple[list[Any], str | None]:
-        """The clean inputs the perturbation works on, or why it cannot run on this dataset."""
+    def _prepare(self, ctx: CheckContext) -> _Sweep:
+        """The seeded, label-stratified sample of the dataset, cut into shards."""
+        p = self.params
+        indices = ctx.dataset.sample_indices(p.samples, ctx.seed)
+        data = ctx.dataset.select(indices)
+        plan = SweepPlan(
+            ctx.check_id, ctx.seed, tuple(indices), p.batch_size, _text_field(data, ctx.target), p.meaning_kept
+        )
+        shards = [(a, min(a + p.shard_size, len(data))) for a in range(0, len(data), p.shard_size)]
+        bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
+        return _Sweep(data, plan, shards, bind)
+
+    def _plan_jobs(self, ctx: CheckContext, sweep: _Sweep) -> tuple[list[_Job], dict[str, list[str]]]:
+        """The perturbations that run (with their units) and those skipped, by reason."""
+        p = self.params
+        jobs: list[_Job] = []
+        skipped: dict[str, list[str]] = {}
+        for name in p.selected():
+            pert: Perturbation[Any] = perturb.get(name).bind(sweep.bind)
+            why = self._why_not(pert, sweep.data, sweep.plan.text_field)
+            task_name = None
+            if why is None and pert.expects_change:
+                if not (ctx.target.has(*_BOTH) and sweep.data.has_images and sweep.plan.text_field):
+                    why = "sensitivity probes need a target that embeds images and texts, and captioned images"
+            elif why is None:
+                task_name = self._task_for(pert, ctx.target, sweep.data, sweep.plan.text_field)
+                if task_name is None:
+                    why = f"no task scores {pert.modality.value} perturbations on this target and dataset"
+            if why is not None:
+                skipped.setdefault(why, []).append(name)
+                continue
+            if pert.expects_change:
+                sevs = tuple(p.severities)
+                units = [Unit("probe", a, b, perturbation=name, severities=sevs) for a, b in sweep.shards]
+            else:
+                # Shard-major within the perturbation: a worker decodes a shard once for all severities.
+                units = [
+                    Unit("perturbed", a, b, task=task_name, perturbation=name, severity=sev)
+                    for a, b in sweep.shards
+                    for sev in p.severities
+                ]
+            jobs.append(_Job(pert, task_name, units))
+        return jobs, skipped
+
+    @staticmethod
+    def _why_not(pert: Perturbation[Any], data: Dataset, text_field: str | None) -> str | None:
+        """Why the perturbation cannot run on this dataset, or None when it can."""
         if pert.modality == Modality.IMAGE:
-            return (images, None) if images else ([], "the dataset has no images")
+            return None if data.has_images else "the dataset has no images"
         if pert.modality == Modality.TEXT:
-            return (captions, None) if captions else ([], "the dataset has no captions or questions")
+            return None if text_field else "the dataset has no captions or questions"
         assert isinstance(pert, MultimodalPerturbation)
-        samples = [
-            MultimodalSample(
-                image=images[i] if images else None,
-                text=captions[i] if captions else None,
-                frames=tuple(s.meta["frames"]) if "frames" in s.meta else None,
-                boxes=tuple(tuple(b) for b in s.meta["boxes"]) if "boxes" in s.meta else None,
-            )
-            for i, s in enumerate(data)
-        ]
-        if not samples or not all(pert.usable(s) for s in samples):
-            return [], f"the dataset carries no {'/'.join(sorted(pert.needs))} for multimodal perturbations"
-        return samples, None
+        fields = {
+            "image": data.has_images,
+            "text": text_field is not None,
+            "frames": all("frames" in s.meta for s in data),
+            "boxes": all("boxes" in s.meta for s in data),
+        }
+        if not len(data) or not all(fields.get(f, False) for f in pert.needs):
+            return f"the dataset carries no {'/'.join(sorted(pert.needs))} for multimodal perturbations"
+        return None
 
-    def _task_for(self, pert: Perturbation[Any], target: Target, data: Dataset, inputs: list[Any]) -> str | None:
+    def _task_for(self, pert: Perturbation[Any], target: Target, data: Dataset, text_field: str | None) -> str | None:
         p = self.params
         explicit = {Modality.IMAGE: p.image_task, Modality.TEXT: p.text_task, Modality.MULTIMODAL: p.multimodal_task}
         chosen = explicit[pert.modality]
@@ -247,55 +300,35 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         sequence = sorted(pert.needs & {"frames", "boxes"}) if isinstance(pert, MultimodalPerturbation) else []
         if sequence:  # scored by a task that reads frame sequences or boxes
             return tasks.default_task(sequence[0], target, data)
-        has_text = bool(inputs) and inputs[0].text is not None
-        if has_text and tasks.REGISTRY.get("retrieval_i2t").supports(target, data):
+        if text_field is not None and tasks.REGISTRY.get("retrieval_i2t").supports(target, data):
             return "retrieval_i2t"  # scores the pair: images against captions, both perturbed
         return tasks.default_task("image", target, data)
 
-    @staticmethod
-    def _clean(
-        state: _RunState, task_name: str, target: Target, data: Dataset, batch_size: int
-    ) -> tuple[Task, TaskResult]:
-        if task_name not in state.tasks:
-            task = tasks.REGISTRY.get(task_name)(batch_size=batch_size)
-            task.setup(target, data)
-            state.tasks[task_name] = (task, task.evaluate(target, data))
-        return state.tasks[task_name]
-
-    # --- invariance sweep ------------------------------------------------------------------------
-
-    def _evaluate(
-        self, task: Task, target: Target, data: Dataset, pert: Perturbation[Any], batch: list[Any]
-    ) -> TaskResult:
-        if pert.modality == Modality.IMAGE:
-            return task.evaluate(target, data, images=batch)
-        if pert.modality == Modality.TEXT:
-            return task.evaluate(target, data, texts=batch)
-        images = [s.image for s in batch] if batch[0].image is not None else None
-        texts = [s.text if s.text is not None else "" for s in batch] if batch[0].text is not None else None
-        needs = pert.needs if isinstance(pert, MultimodalPerturbation) else frozenset()
-        frames = [s.frames for s in batch] if "frames" in needs else None
-        boxes = [s.boxes for s in batch] if "boxes" in needs else None
-        return task.evaluate_multimodal(target, data, images=images, texts=texts, frames=frames, boxes=boxes)
+    # --- invariance sweep (aggregated as the units arrive, one severity at a time) ----------------
 
     def _sweep(
         self,
         ctx: CheckContext,
+        sweep: _Sweep,
         pert: Perturbation[Any],
         task: Task,
         clean: TaskResult,
-        data: Dataset,
-        inputs: list[Any],
-        bar: ProgressTask,
+        take: Callable[[int], list[Any]],
     ) -> tuple[Finding, _Outcome, list[_Case]]:
         p = self.params
         g = self.gate
+        data = sweep.data
         clean_quality = task.quality(clean.metric)
         metrics: dict[str, float] = {"clean": clean.metric}
-        best: dict[int, _Case] = {}  # per sample: its largest drop, at the lowest severity
-        for sev in p.severities:
-            perturbed, applied = pert(inputs, sev, rng=ctx.rng(pert.name, sev))
-            result = self._evaluate(task, ctx.target, data, pert, perturbed)
+        best: dict[int, _Case] = {}  # per sample: its largest drop, at the lowest severity (bounded)
+        keep_n = max(p.worst_cases, p.worst_per_perturbation)
+        constraint = None
+        arrived: list[ShardResult] = take(len(sweep.shards) * len(p.severities))  # scores, not images
+        for k, sev in enumerate(p.severities):
+            parts = arrived[k :: len(p.severities)]
+            constraint = next((r.constraint for r in reversed(parts) if r.constraint is not None), constraint)
+            result = task.combine(data, [r.result for r in parts])
+            params = [prm for r in parts for prm in r.params]
             quality = task.quality(result.metric)
             rel = quality / clean_quality if clean_quality > 0 else (1.0 if quality >= clean_quality else 0.0)
             metrics[f"s{sev}"] = result.metric
@@ -306,14 +339,14 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             if pert.removes_content:
                 # Hit items have lost a modality: no model keeps their scores. What must hold is
                 # that the items left intact keep theirs (one blank input must not poison its batch).
-                intact = [i for i, prm in enumerate(applied.items) if not pert.hit(prm)]
+                hit = [h for r in parts for h in r.hit]
+                intact = [i for i, h in enumerate(hit) if not h]
                 metrics[f"intact_s{sev}"] = float(len(intact))
                 if intact:
                     base = float(np.mean(clean.per_sample[intact]))
                     now = float(np.mean(result.per_sample[intact]))
                     metrics[f"intact_relative_s{sev}"] = now / base if base > 0 else 1.0
-            self._collect(best, pert, sev, clean, result, applied, perturbed)
-            bar.advance()
+            _collect(best, keep_n, pert, sev, clean, result, params)
         key = "intact_relative_s{}" if pert.removes_content else "relative_s{}"
         rels = {s: metrics[key.format(s)] for s in p.severities if key.format(s) in metrics}
         gated = [s for s in rels if s <= g.up_to_severity]
@@ -333,14 +366,17 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             "dataset": data.source or data.name,
             "seed": ctx.seed,
             "severities": list(p.severities),
-            "worst_samples": [self._case_record(c, data) for c in ranked[: p.worst_per_perturbation]],
+            "shard_size": p.shard_size,
+            "worst_samples": [self._case_record(c, sweep) for c in ranked[: p.worst_per_perturbation]],
         }
         gate_text = f"relative {task.metric_name} >= {g.min_relative} at severities <= {g.up_to_severity}"
         if pert.removes_content:
             gate_text = f"intact samples keep >= {g.min_relative} of their clean {task.metric_name}"
             evidence["scored"] = "intact samples only (the hit ones lost a modality); not in the score"
+        if constraint is not None:
+            evidence["meaning_constraint"] = constraint
         outcome = _Outcome(pert.name, pert.group, rels, in_score=not pert.removes_content)
-        keep = ranked[: max(p.worst_cases, p.worst_per_perturbation)]
+        keep = ranked[:keep_n]
         if broken:
             first = min(broken)
             severity = Severity.HIGH if first == 1 else Severity.MEDIUM if first == 2 else Severity.LOW
@@ -369,38 +405,13 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         return finding, outcome, keep
 
     @staticmethod
-    def _collect(
-        best: dict[int, _Case],
-        pert: Perturbation[Any],
-        severity: int,
-        clean: TaskResult,
-        result: TaskResult,
-        applied: Applied,
-        perturbed: list[Any],
-    ) -> None:
-        drop = clean.per_sample - result.per_sample
-        for found in np.flatnonzero(drop > 1e-9):
-            i = int(found)
-            if i in best and best[i].drop >= drop[i]:
-                continue
-            extra: dict[str, Any] = {}
-            if clean.outputs:
-                extra["clean_output"] = clean.outputs[i]
-            if result.outputs:
-                extra["perturbed_output"] = result.outputs[i]
-            best[i] = _Case(
-                float(drop[i]), pert.name, pert.group, severity, i, float(clean.per_sample[i]),
-                float(result.per_sample[i]), applied.items[i], perturbed[i], extra,
-            )  # fmt: skip
-
-    @staticmethod
-    def _case_record(case: _Case, data: Dataset) -> dict[str, Any]:
-        sample = data[case.index]
+    def _case_record(case: _Case, sweep: _Sweep) -> dict[str, Any]:
+        sample = sweep.data[case.index]
         return {
             "perturbation": case.perturbation,
             "group": case.group,
             "sample": sample.id,
-            "index": case.index,
+            "index": sweep.plan.indices[case.index],  # in the run's dataset, for replay
             "severity": case.severity,
             "clean_score": case.clean_score,
             "perturbed_score": case.perturbed_score,
@@ -412,48 +423,37 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
 
     # --- sensitivity probes ----------------------------------------------------------------------
 
-    def _sensitivity(
-        self,
-        ctx: CheckContext,
-        state: _RunState,
-        pert: Perturbation[Any],
-        data: Dataset,
-        inputs: list[Any],
-        images: list[Any],
-        captions: list[str],
-        bar: ProgressTask,
-    ) -> Finding:
+    def _sensitivity(self, ctx: CheckContext, sweep: _Sweep, pert: Perturbation[Any], parts: list[Any]) -> Finding:
         """Does the model prefer the true caption over the changed one? (higher is better)"""
         p = self.params
         g = self.gate
-        image_emb = _unit_embeddings(state, ctx.target, "embed_images", images, p.batch_size)
-        caption_emb = _unit_embeddings(state, ctx.target, "embed_texts", captions, p.batch_size)
-        true_sim = (image_emb * caption_emb).sum(axis=1)
+        data = sweep.data
         metrics: dict[str, float] = {}
-        worst: list[dict[str, Any]] = []
+        first_sev = min(p.severities)
+        candidates: list[tuple[float, int, dict[str, Any]]] = []
         for sev in p.severities:
-            perturbed, applied = pert(inputs, sev, rng=ctx.rng(pert.name, sev))
-            texts: list[str] = [(s.text or "") if isinstance(s, MultimodalSample) else str(s) for s in perturbed]
-            changed = [i for i, t in enumerate(texts) if t != captions[i]]
-            if changed:
-                emb = _unit(np.asarray(ctx.target.embed_texts([texts[i] for i in changed]), dtype=np.float32))
-                changed_sim = (image_emb[changed] * emb).sum(axis=1)
-                noticed = changed_sim < true_sim[changed]
+            entries = [r.by_severity[sev] for r in parts]
+            true_sim = np.asarray([v for e in entries for v in e["true_sim"]], dtype=np.float64)
+            changed_sim = np.asarray([v for e in entries for v in e["changed_sim"]], dtype=np.float64)
+            if len(true_sim):
+                noticed = changed_sim < true_sim
                 metrics[f"s{sev}"] = float(noticed.mean())
-                metrics[f"margin_s{sev}"] = float((true_sim[changed] - changed_sim).mean())
-                if sev == min(p.severities):
-                    order = np.argsort(changed_sim - true_sim[changed], kind="stable")[::-1]
-                    for j in order[: p.worst_per_perturbation]:
-                        i = changed[int(j)]
-                        if noticed[int(j)]:
-                            break
-                        worst.append({
-                            "sample": data[i].id, "index": i, "severity": sev, "params": applied.items[i],
-                            "clean_text": captions[i], "perturbed_text": texts[i],
-                            "true_similarity": float(true_sim[i]), "changed_similarity": float(changed_sim[int(j)]),
-                        })  # fmt: skip
-            metrics[f"changed_s{sev}"] = float(len(changed))
-            bar.advance()
+                metrics[f"margin_s{sev}"] = float((true_sim - changed_sim).mean())
+                if sev == first_sev:
+                    for e in entries:
+                        for i, t, c, text, prm in zip(
+                            e["positions"], e["true_sim"], e["changed_sim"], e["texts"], e["params"], strict=True
+                        ):
+                            if c >= t:  # not noticed
+                                candidates.append((c - t, i, {"text": text, "params": prm, "true": t, "changed": c}))
+            metrics[f"changed_s{sev}"] = float(len(true_sim))
+        worst: list[dict[str, Any]] = []
+        for _, i, c in sorted(candidates, key=lambda x: (-x[0], x[1]))[: p.worst_per_perturbation]:
+            worst.append({
+                "sample": data[i].id, "index": sweep.plan.indices[i], "severity": first_sev, "params": c["params"],
+                "clean_text": texts_of(data, [i], sweep.plan.text_field)[0], "perturbed_text": c["text"],
+                "true_similarity": c["true"], "changed_similarity": c["changed"],
+            })  # fmt: skip
         measured = [s for s in p.severities if f"s{s}" in metrics]
         gated = [s for s in measured if s <= g.up_to_severity]
         evidence = {
@@ -467,6 +467,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             "samples": len(data),
             "seed": ctx.seed,
             "probe_severities": list(p.severities),
+            "shard_size": p.shard_size,
             "worst_samples": worst,
         }
         gate_text = f"discrimination >= {g.min_discrimination} at severities <= {g.up_to_severity}"
@@ -507,13 +508,11 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
     def _summary(
         self,
         ctx: CheckContext,
+        sweep: _Sweep,
         outcomes: list[_Outcome],
         cases: list[_Case],
-        data: Dataset,
-        images: list[Any],
-        captions: list[str],
         skipped: dict[str, list[str]],
-        constraint: Any,
+        constraint: dict[str, Any] | None,
     ) -> Finding:
         p = self.params
         g = self.gate
@@ -529,7 +528,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         score = float(np.mean(list(groups.values())))
         metrics = {"score": score, "mmi": 1.0 - score, "perturbations": float(len(per_perturbation))}
         metrics.update({f"group_{name}": value for name, value in groups.items()})
-        worst, artifacts = self._worst(ctx, cases, data, images, captions)
+        worst, artifacts = self._worst(ctx, sweep, cases)
         evidence: dict[str, Any] = {
             "perturbation": "whole sweep",
             "metric": "per-sample score drop",
@@ -538,13 +537,15 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             "groups": {name: round(v, 6) for name, v in groups.items()},
             "per_perturbation": per_perturbation,
             "severities": list(p.severities),
-            "samples": len(data),
+            "samples": len(sweep.data),
+            "sampling": SAMPLING,
+            "shard_size": p.shard_size,
             "seed": ctx.seed,
             "skipped": {why: names for why, names in skipped.items()},
             "worst_cases": worst,
         }
         if constraint is not None:
-            evidence["meaning_constraint"] = constraint.describe()
+            evidence["meaning_constraint"] = constraint
         weakest = min(groups, key=lambda k: groups[k])
         title = (
             f"robustness score {score:.2f} (MMI {1 - score:.1%} mean relative drop) over {len(per_perturbation)} "
@@ -564,10 +565,15 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         )  # fmt: skip
 
     def _worst(
-        self, ctx: CheckContext, cases: list[_Case], data: Dataset, images: list[Any], captions: list[str]
+        self, ctx: CheckContext, sweep: _Sweep, cases: list[_Case]
     ) -> tuple[list[dict[str, Any]], list[Artifact]]:
-        """The largest per-sample drops of the sweep (at most two per perturbation), with evidence."""
+        """The largest per-sample drops of the sweep (at most two per perturbation), with evidence.
+
+        The perturbed inputs were not kept: each chosen case is replayed from its recorded
+        parameters, which gives the same bytes the model saw.
+        """
         p = self.params
+        data = sweep.data
         chosen: list[_Case] = []
         per_pert: dict[str, int] = {}
         for case in sorted(cases, key=lambda c: (-c.drop, c.severity, c.perturbation, c.index)):
@@ -579,11 +585,11 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             chosen.append(case)
         records, artifacts = [], []
         for rank, case in enumerate(chosen, 1):
-            record = self._case_record(case, data)
+            record = self._case_record(case, sweep)
             record["rank"] = rank
-            clean_image = images[case.index] if images else None
-            clean_text = captions[case.index] if captions else None
-            perturbed_image, perturbed_text = _split(case.perturbed)
+            clean_image = data[case.index].load_image() if data.has_images else None
+            clean_text = texts_of(data, [case.index], sweep.plan.text_field)[0] if sweep.plan.text_field else None
+            perturbed_image, perturbed_text = _split(_replay(sweep, case))
             if clean_image is not None and perturbed_image is not None:
                 stem = safe_name(
                     f"{ctx.check_id}-worst{rank:02d}-{case.perturbation}-s{case.severity}-{data[case.index].id}"
@@ -603,13 +609,61 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         return records, artifacts
 
 
-def _texts(data: Dataset, target: Target) -> list[str]:
-    """The texts text perturbations work on: a VQA set's questions for a generative target that
+def _collect(
+    best: dict[int, _Case],
+    keep_n: int,
+    pert: Perturbation[Any],
+    severity: int,
+    clean: TaskResult,
+    result: TaskResult,
+    params: list[dict[str, Any]],
+) -> None:
+    """Offer this severity's largest drops (at most ``keep_n``) to the per-sample best cases."""
+    drop = clean.per_sample - result.per_sample
+    hurt = np.flatnonzero(drop > 1e-9)
+    order = hurt[np.lexsort((hurt, -drop[hurt]))][:keep_n]
+    for found in order:
+        i = int(found)
+        if i in best and best[i].drop >= drop[i]:
+            continue
+        extra: dict[str, Any] = {}
+        if clean.outputs:
+            extra["clean_output"] = clean.outputs[i]
+        if result.outputs:
+            extra["perturbed_output"] = result.outputs[i]
+        best[i] = _Case(
+            float(drop[i]), pert.name, pert.group, severity, i, float(clean.per_sample[i]),
+            float(result.per_sample[i]), params[i], extra,
+        )  # fmt: skip
+
+
+def _replay(sweep: _Sweep, case: _Case) -> Any:
+    """The perturbed input of a case, rebuilt from the clean sample and the recorded parameters."""
+    pert: Perturbation[Any] = perturb.get(case.perturbation).bind(sweep.bind)
+    data, field_ = sweep.data, sweep.plan.text_field
+    item: Any
+    if pert.modality == Modality.IMAGE:
+        item = data[case.index].load_image()
+    elif pert.modality == Modality.TEXT:
+        item = texts_of(data, [case.index], field_)[0]
+    else:
+        item = multimodal_item(data, case.index, field_)
+    return pert.replay([item], Applied(case.perturbation, case.severity, (case.params,)))[0]
+
+
+def _text_field(data: Dataset, target: Target) -> str | None:
+    """Where text perturbations find their text: a VQA set's questions for a generative target that
     does not embed texts (what it reads is the question), else the captions, else the questions."""
-    questions = [s.question or "" for s in data] if data.has_questions else []
-    if questions and target.has(Capability.GENERATE) and not target.has(Capability.EMBED_TEXT):
-        return questions
-    return [s.caption or "" for s in data] if data.has_captions else questions
+    if data.has_questions and target.has(Capability.GENERATE) and not target.has(Capability.EMBED_TEXT):
+        return "question"
+    if data.has_captions:
+        return "caption"
+    return "question" if data.has_questions else None
+
+
+def _texts(data: Dataset, target: Target) -> list[str]:
+    """The texts text perturbations work on, over the whole of ``data`` (see :func:`_text_field`)."""
+    return texts_of(data, list(range(len(data))), _text_field(data, target))
 
 
 def _split(perturbed: Any) -> tuple[Any, str | None]:
@@ -636,19 +690,6 @@ def side_by_side(clean: npt.NDArray[np.uint8], perturbed: npt.NDArray[np.uint8],
     canvas[: a.shape[0], : a.shape[1]] = a
     canvas[: b.shape[0], a.shape[1] + gap :] = b
     return canvas
-
-
-def _unit_embeddings(state: _RunState, target: Target, method: str, items: Sequence[Any], batch: int) -> Any:
-    """Unit embeddings of the clean images or captions, computed once per run."""
-    if method not in state.embeddings:
-        parts = [np.asarray(getattr(target, method)(items[i : i + batch]), dtype=np.float32)
-                 for i in range(0, len(items), batch)]  # fmt: skip
-        state.embeddings[method] = _unit(np.concatenate(parts, axis=0))
-    return state.embeddings[method]
-
-
-def _unit(x: Any) -> Any:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 _SUGGEST = {
