@@ -20,11 +20,13 @@ from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSi
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import DataError, StoreError
 from mmchaos.findings import Finding, Severity, Verdict
+from mmchaos.resources import RunResources
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
 from mmchaos.targets import Target, TargetOptions, load_target
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import DelegatingTarget
+from mmchaos.timing import ModelClock
 
 __all__ = ["RunConfig", "RunObserver", "RunResult", "TimedTarget", "default_data", "run_suite"]
 
@@ -95,20 +97,30 @@ class RunResult:
 
 
 class TimedTarget(DelegatingTarget):
-    """Adds up the time spent inside the target's model calls (model time)."""
+    """Measures the time the target's model was busy (model time) during one check.
 
-    def __init__(self, inner: Target) -> None:
+    Calls from any thread (the check's, the reference server's) and intervals reported by worker
+    processes go to one :class:`~mmchaos.timing.ModelClock`, so concurrent calls count once.
+    """
+
+    def __init__(self, inner: Target, clock: ModelClock | None = None) -> None:
         super().__init__(inner)
-        self.seconds = 0.0
-        self.calls = 0
+        self.clock = clock if clock is not None else ModelClock()
+
+    @property
+    def seconds(self) -> float:
+        return self.clock.seconds
+
+    @property
+    def calls(self) -> int:
+        return self.clock.calls
 
     def call(self, fn: Callable[..., R], *args: Any) -> R:
         start = time.perf_counter()
         try:
             return fn(*args)
         finally:
-            self.seconds += time.perf_counter() - start
-            self.calls += 1
+            self.clock.time(start)
 
 
 def default_data(target: Target) -> str:
@@ -162,6 +174,7 @@ def run_suite(
         run_id = new_run_id()
     checks = build_checks(config.suite)
     target = load_target(config.target, config.options)
+    resources = RunResources()  # one reference server, one worker pool, ... for the whole run
     try:
         dataset = _load_data(config.data or default_data(target))
         fingerprint = target.fingerprint().to_dict()
@@ -192,6 +205,8 @@ def run_suite(
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
+        pending = [(cid, check) for cid, check in checks if cid not in done]
+        _prepare(pending, target, dataset, config.effective_seed, resources)
         for check_id, check in checks:
             if check_id in done:
                 log.info("resume: %s already done", check_id)
@@ -199,7 +214,9 @@ def run_suite(
             if observer is not None:
                 observer.started(check_id)
             store.mark_started(run_id, check_id)
-            findings, timed, wall = _run_one(check_id, check, target, dataset, config.effective_seed, progress)
+            findings, timed, wall = _run_one(
+                check_id, check, target, dataset, config.effective_seed, progress, resources
+            )
             store.commit_check(
                 run_id, check_id, findings, wall_seconds=wall, model_seconds=timed.seconds, model_calls=timed.calls
             )
@@ -209,12 +226,34 @@ def run_suite(
                 observer.finished(check_id, findings)
         store.update_run(run_id, status="complete", finished=time.time())
     finally:
+        resources.close()
         target.close()
     return RunResult(run_id, store.findings(run_id), sorted(done))
 
 
+def _prepare(
+    checks: list[tuple[str, AnyCheck]], target: Target, dataset: Dataset, seed: int, resources: RunResources
+) -> None:
+    """Let every check that will run start its shared resources in the background (a worker pool
+    loading the model overlaps with the in-process checks before the one that needs it)."""
+    for check_id, check in checks:
+        if check.missing_capabilities(target) is not None:
+            continue
+        ctx = CheckContext(target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources)
+        try:
+            check.prepare(ctx)
+        except Exception:  # the check itself will meet (and report) the same problem when it runs
+            log.debug("prepare of %s raised", check_id, exc_info=True)
+
+
 def _run_one(
-    check_id: str, check: AnyCheck, target: Target, dataset: Dataset, seed: int, progress: ProgressSink
+    check_id: str,
+    check: AnyCheck,
+    target: Target,
+    dataset: Dataset,
+    seed: int,
+    progress: ProgressSink,
+    resources: RunResources | None = None,
 ) -> tuple[list[Finding], TimedTarget, float]:
     """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
     timed = TimedTarget(target)
@@ -223,7 +262,9 @@ def _run_one(
     if why_not is not None:
         skipped = Finding(check_id, check.step, Verdict.SKIPPED, f"skipped: {why_not}", message=why_not)
         return [skipped], timed, 0.0
-    ctx = CheckContext(target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress)
+    ctx = CheckContext(
+        target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, resources=resources
+    )
     findings: list[Finding] = []
     try:
         findings.extend(check.run(ctx))

@@ -21,6 +21,7 @@ from mmchaos.targets.base import Capability, Target
 
 if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
+    from mmchaos.resources import RunResources
 
 __all__ = [
     "ANY_MODALITY",
@@ -88,6 +89,8 @@ class CheckContext:
     check_id: str
     progress: ProgressSink = field(default_factory=NullProgress)
     max_samples: int | None = None
+    resources: RunResources | None = None
+    """What the run's checks share (reference server, worker pool); None: the check starts its own."""
 
     def rng(self, *stream: int | str) -> np.random.Generator:
         """A generator seeded by (run seed, check id, stream): independent of run order."""
@@ -137,6 +140,10 @@ class Check(Generic[P, G]):
         wanted = " or ".join("+".join(sorted(c.value for c in alt)) for alt in self.requires)
         have = ", ".join(sorted(c.value for c in target.capabilities)) or "none"
         return f"needs {wanted}; target has {have}"
+
+    def prepare(self, ctx: CheckContext) -> None:
+        """Called for every check of a run before the first one runs: start, in the background
+        (``ctx.resources.prefetch``), what :meth:`run` will need, so it overlaps with earlier checks."""
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         raise NotImplementedError
