@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
     from mmchaos.targets.base import Target
 
-__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "ServingParams", "Spec"]
+__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "SequentialSpec", "ServingParams", "Spec"]
 
 
 class Spec(BaseModel):
@@ -64,6 +64,17 @@ class PayloadSpec(Spec):
     )
 
 
+class SequentialSpec(Spec):
+    """When a steady-state probe or an overload step may stop early: its SLO verdict decided by an
+    SPRT (see :mod:`mmchaos.chaos.sequential`), after ``min_s``; never later than its fixed length."""
+
+    enabled: bool = Field(True, description="false: every phase runs its full length")
+    min_s: float = Field(0.5, ge=0.0, le=3600.0, description="no decision before this, s")
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="P(stop 'breached' | SLO met)")
+    beta: float = Field(0.05, gt=0.0, lt=0.5, description="P(stop 'met' | rate = indifference x tolerance)")
+    indifference: float = Field(5.0, gt=1.0, le=100.0, description="H1 rate / tolerated rate")
+
+
 class ExperimentContext(Protocol):
     """What an experiment needs from the check that runs it (a CheckContext satisfies this)."""
 
@@ -89,6 +100,7 @@ class ServingParams(BaseModel):
     baseline_s: float = Field(1.5, gt=0.0, le=3600.0, description="steady-state probe length, s")
     max_recovery_s: float = Field(3.0, gt=0.0, le=3600.0, description="SLO must hold again within this, s")
     payload: PayloadSpec = Field(default_factory=lambda: PayloadSpec.model_validate({}))
+    sequential: SequentialSpec = Field(default_factory=lambda: SequentialSpec.model_validate({}))
     server: ServerConfig = Field(
         default_factory=lambda: ServerConfig.model_validate({}),
         description="the reference server the check starts for an in-process target (ignored for openai:)",
