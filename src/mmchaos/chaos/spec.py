@@ -55,13 +55,15 @@ class BudgetSpec(Spec):
 
 
 class PayloadSpec(Spec):
-    """The good traffic: OpenAI embeddings requests built from the dataset (embeddings_mix)."""
+    """The good traffic: OpenAI embeddings requests built from the dataset (embeddings_mix), or chat
+    completions about its images for a generative target (chat_mix)."""
 
     samples: int = Field(8, ge=1, le=1024, description="dataset samples the bodies are built from")
     large_side: int = Field(512, ge=16, le=4096, description="side of the 'image_large' JPEGs, px")
     weights: dict[str, float] = Field(
         default_factory=lambda: {"image_small": 1.0, "image_large": 0.25, "text_short": 1.0, "text_long": 0.25}
     )
+    max_tokens: int = Field(8, ge=1, le=4096, description="max_tokens of chat requests (generative targets)")
 
 
 class SequentialSpec(Spec):

@@ -20,6 +20,7 @@ from mmchaos.checks.serving._common import (
     transport_errors,
 )
 from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability
 
 if TYPE_CHECKING:
     from mmchaos.chaos.load import LoadResult
@@ -63,7 +64,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
 
     name = "serving_overload"
     step = Step.SERVING
-    requires = EMBEDS
+    requires = (*EMBEDS, frozenset({Capability.GENERATE}))  # generative targets: chat completions
     Params = ServingOverloadParams
     Gate = ServingOverloadGate
 
@@ -84,7 +85,10 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 for c in p.concurrency_steps:
                     if ex.stopped:
                         break
-                    ph = ex.phase(f"concurrency={c}", seconds=p.step_s, guarded=False, concurrency=c)
+                    # A step ends once its SLO verdict is decided (SPRT, at least sequential.min_s).
+                    ph = ex.phase(
+                        f"concurrency={c}", seconds=p.step_s, guarded=False, concurrency=c, stop_when=ex.decided()
+                    )
                     if ph.result is None:
                         break
                     steps.append((c, ph))
