@@ -97,6 +97,9 @@ def test_a_phase_stops_once_decided_and_says_why_with_n() -> None:
     assert decide(_tracker(150, bad_every=10)).startswith("sprt: SLO breached")  # type: ignore[union-attr]
     assert decide(_tracker(150, slow_every=10)).startswith("sprt: SLO breached")  # type: ignore[union-attr]
     assert decide(_tracker(150, seconds=0.25)) is None, "not before min_s"
+    only_met = stop_when_decided(slo, rule, only="met")
+    assert only_met(_tracker(150, bad_every=10)) is None, "a breaching step runs its full length"
+    assert only_met(_tracker(150)) is not None
     assert decide(_tracker(20)) is None, "undecided on 20 clean answers"
 
 

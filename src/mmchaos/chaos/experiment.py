@@ -422,10 +422,11 @@ class Experiment:
             )
         return result, stop[0] if stop else None
 
-    def decided(self) -> Callable[[WindowTracker], str | None] | None:
-        """The sequential stop rule of this experiment's probes (None: fixed-length phases)."""
+    def decided(self, only: str | None = None) -> Callable[[WindowTracker], str | None] | None:
+        """The sequential stop rule of this experiment's probes (None: fixed-length phases);
+        ``only="met"`` stops early on a met SLO only."""
         rule = self.params.sequential
-        return stop_when_decided(self.slo, rule) if rule.enabled else None
+        return stop_when_decided(self.slo, rule, only=only) if rule.enabled else None
 
     def steady_state(self, which: Literal["before", "after"]) -> Phase:
         reused = self.dep.recent_steady_state(self.slo) if which == "before" else None

@@ -46,8 +46,13 @@ def sprt(n: int, bad: int, p0: float, p1: float, alpha: float, beta: float) -> S
     return SprtResult(None, llr)
 
 
-def stop_when_decided(slo: SLOSpec, rule: SequentialSpec) -> Callable[[WindowTracker], str | None]:
-    """A ``stop_when`` for :meth:`Experiment.phase`: the stop reason once the SLO verdict is decided."""
+def stop_when_decided(
+    slo: SLOSpec, rule: SequentialSpec, *, only: str | None = None
+) -> Callable[[WindowTracker], str | None]:
+    """A ``stop_when`` for :meth:`Experiment.phase`: the stop reason once the SLO verdict is decided.
+
+    ``only="met"``: stop early only on a "met" decision (a breached phase runs its full length, so
+    what it measures about the breach, such as goodput past the knee, is not cut short)."""
 
     def decide(tracker: WindowTracker) -> str | None:
         if len(tracker.windows) * slo.window_s < rule.min_s - 1e-9:
@@ -68,6 +73,8 @@ def stop_when_decided(slo: SLOSpec, rule: SequentialSpec) -> Callable[[WindowTra
         elif "breached" in (err.decision, lat.decision) and not observed_met:
             verdict = "breached"
         else:
+            return None
+        if only is not None and verdict != only:
             return None
         return (
             f"sprt: SLO {verdict} after n={n} (errors={errors}, slower than {slo.p99_ms:g} ms={slow}; "

@@ -85,9 +85,14 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 for c in p.concurrency_steps:
                     if ex.stopped:
                         break
-                    # A step ends once its SLO verdict is decided (SPRT, at least sequential.min_s).
+                    # A step that meets the SLO ends once that is decided (SPRT, after sequential.min_s);
+                    # a breaking step runs its full length: its goodput is judged.
                     ph = ex.phase(
-                        f"concurrency={c}", seconds=p.step_s, guarded=False, concurrency=c, stop_when=ex.decided()
+                        f"concurrency={c}",
+                        seconds=p.step_s,
+                        guarded=False,
+                        concurrency=c,
+                        stop_when=ex.decided(only="met"),
                     )
                     if ph.result is None:
                         break
