@@ -101,12 +101,19 @@ class RunResources:
                 log.warning("closing the run's %r failed", key, exc_info=True)
 
     def close(self) -> None:
+        """Close everything, all at once: a pool's workers exiting and a server draining overlap."""
         with self._lock:
             self._closed = True
             entries = list(self._entries.items())[::-1]
             self._entries.clear()
-        for key, entry in entries:
-            self._close(key, entry)
+        threads = [
+            threading.Thread(target=self._close, args=(key, entry), name="mmchaos-close", daemon=True)
+            for key, entry in entries
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def __enter__(self) -> RunResources:
         return self
