@@ -38,6 +38,8 @@ class RunResources:
         self._lock = threading.Lock()
         self._entries: dict[Hashable, _Entry] = {}
         self._closed = False
+        self.wanted: set[Hashable] = set()
+        """Keys asked for (prefetched or got) since this was last cleared."""
 
     def _start(self, key: Hashable, entry: _Entry, factory: Callable[[], Any]) -> None:
         try:
@@ -50,6 +52,7 @@ class RunResources:
     def prefetch(self, key: Hashable, factory: Callable[[], T], close: Callable[[T], None]) -> None:
         """Start ``factory()`` in a background thread now, unless ``key`` is already there."""
         with self._lock:
+            self.wanted.add(key)
             if self._closed or key in self._entries:
                 return
             entry = _Entry(close=close)
@@ -62,6 +65,7 @@ class RunResources:
         A failed start raises here (to every caller) and is forgotten, so a later call may retry.
         """
         with self._lock:
+            self.wanted.add(key)
             entry = self._entries.get(key)
             mine = entry is None
             if entry is None:

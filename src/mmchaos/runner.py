@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
@@ -173,8 +173,13 @@ def run_suite(
     else:
         run_id = new_run_id()
     checks = build_checks(config.suite)
-    target = load_target(config.target, config.options)
     resources = RunResources()  # one reference server, one worker pool, ... for the whole run
+    try:
+        early = _prepare_early(checks, config, resources) if resume is None else set()
+        target = load_target(config.target, config.options)
+    except BaseException:
+        resources.close()
+        raise
     try:
         dataset = _load_data(config.data or default_data(target))
         fingerprint = target.fingerprint().to_dict()
@@ -207,6 +212,8 @@ def run_suite(
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         pending = [(cid, check) for cid, check in checks if cid not in done]
         _prepare(pending, target, dataset, config.effective_seed, resources)
+        for key in early - resources.wanted:  # started for a check that turned out not to need it
+            resources.discard(key)
         for check_id, check in checks:
             if check_id in done:
                 log.info("resume: %s already done", check_id)
@@ -229,6 +236,34 @@ def run_suite(
         resources.close()
         target.close()
     return RunResult(run_id, store.findings(run_id), sorted(done))
+
+
+_EARLY_SCHEMES = ("builtin", "hf", "onnx")
+"""Targets whose worker spec is known before loading them (their load options are the run's options)."""
+
+
+def _prepare_early(checks: list[tuple[str, AnyCheck]], config: RunConfig, resources: RunResources) -> set[Any]:
+    """Let checks start what they share (the worker pool: interpreters importing torch and loading the
+    model) while this process loads the target, on a stand-in with the run's URI and options.
+
+    Returns the keys started; :func:`_prepare` on the real target then claims the right ones and
+    the run discards the others (a check the target turns out not to support)."""
+    if config.target.partition(":")[0] not in _EARLY_SCHEMES:
+        return set()
+    standin = Target()
+    standin.uri = config.target
+    standin.load_options = asdict(config.options)
+    standin.capabilities = frozenset(Capability)
+    nothing = cast("Dataset", None)  # prepare() must not touch the data (it has not been loaded yet)
+    for check_id, check in checks:
+        ctx = CheckContext(target=standin, dataset=nothing, seed=0, check_id=check_id, resources=resources)
+        try:
+            check.prepare(ctx)
+        except Exception:
+            log.debug("early prepare of %s raised", check_id, exc_info=True)
+    started = set(resources.wanted)
+    resources.wanted.clear()
+    return started
 
 
 def _prepare(
