@@ -164,3 +164,39 @@ def test_the_shared_pool_still_fails_a_process_salted_target() -> None:
     finally:
         res.close()
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.FAIL]
+
+
+@pytest.mark.integration
+def test_a_run_starts_one_pool_early_and_contract_and_determinism_use_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool starts before the target is loaded in this process (a spy counts starts; the pool is real)."""
+    import mmchaos.isolation as isolation
+    from mmchaos.runner import RunConfig, run_suite
+    from mmchaos.store import RunStore
+    from mmchaos.suites import SuiteSpec
+
+    starts: list[str] = []
+    real = isolation.start_pool
+
+    def counting(spec: Any, handler: Any, **kw: Any) -> WorkerPool:
+        starts.append(spec.uri)
+        return real(spec, handler, **kw)
+
+    monkeypatch.setattr(isolation, "start_pool", counting)
+    suite = SuiteSpec.model_validate(
+        {
+            "name": "pool",
+            "checks": [
+                {"check": "contract", "params": {"cases": ["zero_byte", "mode_L*"]}},
+                {"check": "determinism", "params": {"samples": 4}},
+            ],
+        }
+    )
+    with RunStore(tmp_path / "runs.db") as store:
+        result = run_suite(RunConfig(target="builtin:tiny-clip", suite=suite, data="builtin:shapes?n=8"), store)
+        checks = {c.check_id: c for c in store.checks(result.run_id)}
+    assert starts == ["builtin:tiny-clip"], "one pool for the run"
+    bad = [f.title for f in result.findings if f.verdict != Verdict.PASS]
+    assert not bad, bad
+    assert checks["contract"].model_seconds > 0, "the workers' jobs are model time"
