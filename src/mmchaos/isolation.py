@@ -27,14 +27,20 @@ from multiprocessing.connection import Connection, wait
 from typing import IO, Any
 
 from mmchaos.errors import MMChaosError, TargetLoadError
+from mmchaos.timing import ModelClock, clock_of
 
 __all__ = [
     "ErrorInfo",
     "InProcessRunner",
     "JobResult",
+    "PoolView",
     "WorkerPool",
     "WorkerSpec",
     "describe_exception",
+    "dispatch_job",
+    "prefetch_pool",
+    "run_pool",
+    "shared_spec",
     "start_pool",
     "worker_spec",
 ]
@@ -83,6 +89,8 @@ class JobResult:
     detail: str = ""
     stderr: str = ""
     """What the worker wrote to stderr while running this job (a crash's Python-level trace)."""
+    busy_seconds: float = 0.0
+    """Time the handler ran inside the worker (the model's time, without the pipe's)."""
 
 
 def describe_exception(exc: BaseException, accepted: Sequence[str] = ()) -> ErrorInfo:
@@ -158,12 +166,13 @@ def _worker_main(conn: Connection, spec: WorkerSpec, handler: Handler) -> None:
         if msg[0] == "stop":
             return
         _, payload = msg
+        began = time.perf_counter()
         try:
             value = handler(target, spec, payload)
         except BaseException as exc:  # a handler bug must still answer
             conn.send(("handler_error", describe_exception(exc)))
             continue
-        conn.send(("result", value))
+        conn.send(("result", value, time.perf_counter() - began))
 
 
 # -- the parent side -----------------------------------------------------------------------------
@@ -232,6 +241,8 @@ class WorkerPool:
         self._slots: list[_Slot] = []
         self.replacements = 0
         self.load_seconds: list[float] = []
+        self.clock: ModelClock | None = None
+        """Where jobs' busy intervals go (model time); set by whoever runs jobs now."""
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -368,7 +379,7 @@ class WorkerPool:
     def _on_message(self, i: int, timeout: float) -> list[tuple[int, JobResult]]:
         slot = self._slots[i]
         try:
-            kind, value = slot.conn.recv()
+            kind, value, *rest = slot.conn.recv()
         except (EOFError, OSError):
             _join(slot.proc, 2.0)
             code = slot.proc.returncode
@@ -400,7 +411,11 @@ class WorkerPool:
             return [
                 (job, JobResult("error", error=value, seconds=elapsed, detail="the harness failed inside the worker"))
             ]
-        return [(job, JobResult("ok", value=value, seconds=elapsed))]
+        busy = float(rest[0]) if rest else 0.0
+        if self.clock is not None and busy > 0:
+            now = time.perf_counter()
+            self.clock.add(now - min(busy, elapsed), now)
+        return [(job, JobResult("ok", value=value, seconds=elapsed, busy_seconds=busy))]
 
     def broadcast(self, payload: Any, timeout: float) -> list[JobResult]:
         """Run the same payload on every worker (for cross-process comparisons), in order."""
@@ -492,3 +507,111 @@ class InProcessRunner:
                 yield i, JobResult("error", error=box["error"], seconds=elapsed, detail="the harness failed")
             else:
                 yield i, JobResult("ok", value=box["value"], seconds=elapsed)
+
+
+# -- one pool for the whole run ------------------------------------------------------------------
+
+
+def dispatch_job(target: Any, spec: WorkerSpec, payload: tuple[Handler, dict[str, Any], Any]) -> Any:
+    """Worker handler of a shared pool: each job names its own handler and the spec fields it needs
+    (a check's context and accepted errors), so checks with different jobs share the workers."""
+    handler, overlay, inner = payload
+    from dataclasses import replace
+
+    return handler(target, replace(spec, **overlay) if overlay else spec, inner)
+
+
+class PoolView:
+    """A shared :class:`WorkerPool` as one check sees it: its handler, its spec fields, its clock.
+
+    ``replacements`` counts only the workers replaced while this check used the pool.
+    """
+
+    def __init__(
+        self, pool: WorkerPool, handler: Handler, overlay: Mapping[str, Any] | None = None, clock: Any = None
+    ) -> None:
+        self.pool = pool
+        self.handler = handler
+        self.overlay = dict(overlay or {})
+        self.clock = clock_of(clock) if clock is not None and not isinstance(clock, ModelClock) else clock
+        self._replacements_at_start = pool.replacements
+        self.load_seconds = pool.load_seconds
+
+    @property
+    def replacements(self) -> int:
+        return self.pool.replacements - self._replacements_at_start
+
+    @property
+    def workers(self) -> int:
+        return self.pool.workers
+
+    def _wrap(self, payload: Any) -> tuple[Handler, dict[str, Any], Any]:
+        return (self.handler, self.overlay, payload)
+
+    def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
+        self.pool.clock = self.clock
+        try:
+            yield from self.pool.map([self._wrap(p) for p in payloads], timeout)
+        finally:
+            self.pool.clock = None
+
+    def broadcast(self, payload: Any, timeout: float) -> list[JobResult]:
+        self.pool.clock = self.clock
+        try:
+            return self.pool.broadcast(self._wrap(payload), timeout)
+        finally:
+            self.pool.clock = None
+
+    def close(self) -> None:
+        """The run closes a shared pool, not a check (a no-op kept so callers need not care)."""
+
+
+def shared_spec(
+    target: Any, options: Mapping[str, Any] | None = None, *, threads: int | None = 1, memory_limit_mb: int = 0
+) -> WorkerSpec:
+    """The spec of the run's shared pool: one thread per worker (two workers on a small machine must
+    not oversubscribe it), the memory limit on CPU only (accelerator runtimes reserve huge ranges)."""
+    merged = {**dict(getattr(target, "load_options", None) or {}), **dict(options or {})}
+    on_cpu = str(merged.get("device", "cpu")).startswith("cpu")
+    limit = memory_limit_mb if on_cpu else 0
+    return WorkerSpec(uri=str(target.uri), options=merged, threads=threads, memory_limit_mb=limit)
+
+
+def _pool_key(spec: WorkerSpec, workers: int) -> tuple[Any, ...]:
+    import json
+
+    return ("worker_pool", spec.uri, json.dumps(spec.options, sort_keys=True, default=str), spec.threads,
+            spec.memory_limit_mb, workers)  # fmt: skip
+
+
+def prefetch_pool(ctx: Any, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
+    """Start the run's shared pool in the background (a check's ``prepare``); no-op without run resources."""
+    resources = getattr(ctx, "resources", None)
+    if resources is None:
+        return
+    resources.prefetch(
+        _pool_key(spec, workers),
+        lambda: start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout),
+        WorkerPool.close,
+    )
+
+
+@contextlib.contextmanager
+def run_pool(
+    ctx: Any,
+    spec: WorkerSpec,
+    handler: Handler,
+    *,
+    workers: int,
+    start_timeout: float,
+    overlay: Mapping[str, Any] | None = None,
+) -> Iterator[PoolView]:
+    """The run's worker pool for ``spec`` as a :class:`PoolView` running ``handler`` jobs: started once
+    per run and shared by every check that asks for the same spec (started and closed here when
+    ``ctx`` has no run resources). Raises :class:`TargetLoadError` like :func:`start_pool`."""
+    from mmchaos.resources import shared
+
+    clock = clock_of(getattr(ctx, "target", None))
+    factory = lambda: start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)  # noqa: E731
+    with shared(ctx, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
+        yield PoolView(pool, handler, overlay, clock)

@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
@@ -21,11 +21,13 @@ from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import DataError, StoreError
 from mmchaos.executors import Executor, ExecutorSpec, StoreJournal, TargetSpec, open_executor
 from mmchaos.findings import Finding, Severity, Verdict
+from mmchaos.resources import RunResources
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
 from mmchaos.targets import Target, TargetOptions, load_target
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import DelegatingTarget
+from mmchaos.timing import ModelClock
 
 __all__ = ["RunConfig", "RunObserver", "RunResult", "TimedTarget", "default_data", "run_suite"]
 
@@ -96,20 +98,30 @@ class RunResult:
 
 
 class TimedTarget(DelegatingTarget):
-    """Adds up the time spent inside the target's model calls (model time)."""
+    """Measures the time the target's model was busy (model time) during one check.
 
-    def __init__(self, inner: Target) -> None:
+    Calls from any thread (the check's, the reference server's) and intervals reported by worker
+    processes go to one :class:`~mmchaos.timing.ModelClock`, so concurrent calls count once.
+    """
+
+    def __init__(self, inner: Target, clock: ModelClock | None = None) -> None:
         super().__init__(inner)
-        self.seconds = 0.0
-        self.calls = 0
+        self.clock = clock if clock is not None else ModelClock()
+
+    @property
+    def seconds(self) -> float:
+        return self.clock.seconds
+
+    @property
+    def calls(self) -> int:
+        return self.clock.calls
 
     def call(self, fn: Callable[..., R], *args: Any) -> R:
         start = time.perf_counter()
         try:
             return fn(*args)
         finally:
-            self.seconds += time.perf_counter() - start
-            self.calls += 1
+            self.clock.time(start)
 
 
 def default_data(target: Target) -> str:
@@ -167,8 +179,14 @@ def run_suite(
     else:
         run_id = new_run_id()
     checks = build_checks(config.suite)
-    target = load_target(config.target, config.options)
     pool: Executor | None = None
+    resources = RunResources()  # one reference server, one worker pool, ... for the whole run
+    try:
+        early = _prepare_early(checks, config, resources) if resume is None else set()
+        target = load_target(config.target, config.options)
+    except BaseException:
+        resources.close()
+        raise
     try:
         data_spec = config.data or default_data(target)
         dataset = _load_data(data_spec)
@@ -202,6 +220,10 @@ def run_suite(
             pool = open_executor(executor, TargetSpec(config.target, config.options, data_spec))
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
+        pending = [(cid, check) for cid, check in checks if cid not in done]
+        _prepare(pending, target, dataset, config.effective_seed, resources)
+        for key in early - resources.wanted:  # started for a check that turned out not to need it
+            resources.discard(key)
         for check_id, check in checks:
             if check_id in done:
                 log.info("resume: %s already done", check_id)
@@ -210,7 +232,7 @@ def run_suite(
                 observer.started(check_id)
             store.mark_started(run_id, check_id)
             findings, timed, wall = _run_one(
-                check_id, check, target, dataset, config.effective_seed, progress,
+                check_id, check, target, dataset, config.effective_seed, progress, resources,
                 executor=pool, journal=StoreJournal(store, run_id, check_id),
             )  # fmt: skip
             store.commit_check(
@@ -224,8 +246,52 @@ def run_suite(
     finally:
         if pool is not None:
             pool.close()
+        resources.close()
         target.close()
     return RunResult(run_id, store.findings(run_id), sorted(done))
+
+
+_EARLY_SCHEMES = ("builtin", "hf", "onnx")
+"""Targets whose worker spec is known before loading them (their load options are the run's options)."""
+
+
+def _prepare_early(checks: list[tuple[str, AnyCheck]], config: RunConfig, resources: RunResources) -> set[Any]:
+    """Let checks start what they share (the worker pool: interpreters importing torch and loading the
+    model) while this process loads the target, on a stand-in with the run's URI and options.
+
+    Returns the keys started; :func:`_prepare` on the real target then claims the right ones and
+    the run discards the others (a check the target turns out not to support)."""
+    if config.target.partition(":")[0] not in _EARLY_SCHEMES:
+        return set()
+    standin = Target()
+    standin.uri = config.target
+    standin.load_options = asdict(config.options)
+    standin.capabilities = frozenset(Capability)
+    nothing = cast("Dataset", None)  # prepare() must not touch the data (it has not been loaded yet)
+    for check_id, check in checks:
+        ctx = CheckContext(target=standin, dataset=nothing, seed=0, check_id=check_id, resources=resources)
+        try:
+            check.prepare(ctx)
+        except Exception:
+            log.debug("early prepare of %s raised", check_id, exc_info=True)
+    started = set(resources.wanted)
+    resources.wanted.clear()
+    return started
+
+
+def _prepare(
+    checks: list[tuple[str, AnyCheck]], target: Target, dataset: Dataset, seed: int, resources: RunResources
+) -> None:
+    """Let every check that will run start its shared resources in the background (a worker pool
+    loading the model overlaps with the in-process checks before the one that needs it)."""
+    for check_id, check in checks:
+        if check.missing_capabilities(target) is not None:
+            continue
+        ctx = CheckContext(target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources)
+        try:
+            check.prepare(ctx)
+        except Exception:  # the check itself will meet (and report) the same problem when it runs
+            log.debug("prepare of %s raised", check_id, exc_info=True)
 
 
 def _run_one(
@@ -235,6 +301,7 @@ def _run_one(
     dataset: Dataset,
     seed: int,
     progress: ProgressSink,
+    resources: RunResources | None = None,
     *,
     executor: Executor | None = None,
     journal: StoreJournal | None = None,
@@ -247,8 +314,8 @@ def _run_one(
         skipped = Finding(check_id, check.step, Verdict.SKIPPED, f"skipped: {why_not}", message=why_not)
         return [skipped], timed, 0.0
     ctx = CheckContext(
-        target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, executor=executor,
-        journal=journal,
+        target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, resources=resources,
+        executor=executor, journal=journal,
     )  # fmt: skip
     findings: list[Finding] = []
     try:

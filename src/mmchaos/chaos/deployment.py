@@ -12,19 +12,53 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from mmchaos.errors import ConfigError
 from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability, Target
-from mmchaos.targets.wrappers import unwrap
+from mmchaos.targets.wrappers import DelegatingTarget, unwrap
+from mmchaos.timing import ModelClock, clock_of
 
 if TYPE_CHECKING:
     from mmchaos.proxy.thread import ProxyThread
+    from mmchaos.resources import RunResources
 
-__all__ = ["Deployment", "port_open"]
+R = TypeVar("R")
+
+__all__ = ["Deployment", "SharedServer", "port_open"]
+
+
+class _ClockRouter(DelegatingTarget):
+    """The shared server's target: model calls time into the clock of the check holding the server."""
+
+    clock: ModelClock | None = None
+
+    def call(self, fn: Callable[..., R], *args: Any) -> R:
+        clock = self.clock
+        if clock is None:
+            return fn(*args)
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            clock.time(start)
+
+
+class SharedServer:
+    """The run's reference server over one in-process target and config (see :mod:`mmchaos.resources`)."""
+
+    def __init__(self, target: Target, config: ServerConfig) -> None:
+        from mmchaos.server import ServerThread
+
+        self.router = _ClockRouter(target)
+        self.thread = ServerThread(self.router, config, graceful_timeout=5.0).start()
+        self.steady: tuple[float, Any, Any, str] | None = None
+
+    def stop(self) -> None:
+        self.thread.stop(timeout=10.0)
 
 
 def port_open(host: str, port: int) -> bool:
@@ -47,9 +81,14 @@ class Deployment:
         seed: int = 0,
         loopback_only: bool = True,
         served: Target | None = None,
+        resources: RunResources | None = None,
     ) -> None:
         self.target = unwrap(target)
+        self.given = target  # the runner's timing wrapper, if any: the server's model calls are model time
         self.served = served
+        self.resources = resources
+        self.shared: SharedServer | None = None
+        self._shared_key: tuple[Any, ...] | None = None
         self.server_config = server_config
         self.want_proxy = proxy
         self.seed = seed
@@ -91,17 +130,20 @@ class Deployment:
                 self.auth["Authorization"] = f"Bearer {key}"
             self.events.append({"action": "use_endpoint", "endpoint": self.target.base_url, "model": self.model})
         else:
-            from mmchaos.server import ServerThread
-
-            served = self.served if self.served is not None else self.target
-            self.server = ServerThread(served, self.server_config, graceful_timeout=5.0).start()
             self.in_process = True
-            self.root = self.server.url
-            self.model = self.server.state.model_name
-            self._ports.append(("127.0.0.1", int(self.server.port), "server"))
-            self.events.append(
-                {"action": "start_server", "url": self.root, "target": self.target.uri, "model": self.model}
-            )
+            if self.served is None and self.resources is not None:
+                self._start_shared(self.resources)
+            else:
+                from mmchaos.server import ServerThread
+
+                served = self.served if self.served is not None else self.given
+                self.server = ServerThread(served, self.server_config, graceful_timeout=5.0).start()
+                self.root = self.server.url
+                self.model = self.server.state.model_name
+                self._ports.append(("127.0.0.1", int(self.server.port), "server"))
+                self.events.append(
+                    {"action": "start_server", "url": self.root, "target": self.target.uri, "model": self.model}
+                )
         if self.want_proxy:
             from mmchaos.proxy.thread import ProxyThread
 
@@ -117,9 +159,64 @@ class Deployment:
             self.events.append({"action": "start_proxy", "listen": proxy.listen, "upstream": upstream})
         return self
 
-    def close(self) -> dict[str, Any]:
-        """Remove every fault, stop the proxy and the server; report what (if anything) is left."""
+    def _start_shared(self, resources: RunResources) -> None:
+        key = ("reference_server", id(self.target), self.server_config.model_dump_json())
+        fresh: list[bool] = []
+
+        def start() -> SharedServer:
+            fresh.append(True)
+            return SharedServer(self.target, self.server_config)
+
+        shared = resources.get(key, start, SharedServer.stop)
+        shared.router.clock = clock_of(self.given)
+        self.shared, self._shared_key = shared, key
+        self.root = shared.thread.url
+        self.model = shared.thread.state.model_name
+        self.events.append(
+            {
+                "action": "start_server" if fresh else "use_shared_server",
+                "url": self.root,
+                "target": self.target.uri,
+                "model": self.model,
+                "shared": "the run's reference server for this target and config, stopped at the run's end",
+            }
+        )
+
+    @property
+    def warm(self) -> bool:
+        """Whether the service already answered traffic before this deployment (a shared server)."""
+        return self.shared is not None and self.shared.steady is not None
+
+    def recent_steady_state(self, slo: Any, max_age_s: float = 10.0) -> tuple[Any, dict[str, Any]] | None:
+        """The shared server's last met steady state, when recent and judged on the same SLO: the
+        previous check's "after" probe is this check's "before" (the same server, moments ago)."""
+        steady = self.shared.steady if self.shared is not None else None
+        if steady is None:
+            return None
+        at, phase, used_slo, check_id = steady
+        age = time.monotonic() - at
+        if age > max_age_s or used_slo != slo:
+            return None
+        return phase, {"reused_from": check_id, "age_s": round(age, 3), "why": "the run's shared server"}
+
+    def remember_steady_state(self, phase: Any, slo: Any, check_id: str) -> None:
+        if self.shared is not None:
+            self.shared.steady = (time.monotonic(), phase, slo, check_id)
+
+    def close(self, *, healthy: bool = True) -> dict[str, Any]:
+        """Remove every fault, stop the proxy and the server; report what (if anything) is left.
+
+        A shared server stays up for the run's next check when ``healthy``, else it is stopped."""
         out: dict[str, Any] = {}
+        if self.shared is not None:
+            self.shared.router.clock = None
+            if healthy:
+                out["server"] = "shared by the run: left running for its next check, stopped at its end"
+            elif self.resources is not None and self._shared_key is not None:
+                self.resources.discard(self._shared_key)
+                out["server_stopped"] = True
+                out["server"] = "shared by the run: stopped, the next check starts a fresh one"
+            self.shared = None
         if self.proxy is not None:
             with contextlib.suppress(Exception):
                 left = [t.name for t in self.proxy.toxics]
@@ -150,7 +247,7 @@ class Deployment:
         """Threads this deployment started (the proxy's; the server's and its workers' when in-process)."""
         owned = (
             ("mmchaos-proxy-serving", "mmchaos-server-", "mmchaos-serve_")
-            if self.in_process
+            if self.in_process and self._shared_key is None
             else ("mmchaos-proxy-serving",)
         )
         return sorted(

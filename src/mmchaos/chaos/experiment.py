@@ -28,6 +28,7 @@ from mmchaos import __version__
 from mmchaos.chaos.budget import ErrorInspector, RequestLedger, budgeted_transports
 from mmchaos.chaos.deployment import Deployment
 from mmchaos.chaos.payloads import good_mix
+from mmchaos.chaos.sequential import stop_when_decided
 from mmchaos.chaos.spec import ExperimentContext, ServingParams
 from mmchaos.chaos.windows import Phase, WindowTracker
 from mmchaos.targets.base import Target
@@ -79,6 +80,7 @@ class Experiment:
             seed=self.seed,
             loopback_only=params.budget.loopback_only,
             served=served,
+            resources=getattr(ctx, "resources", None),
         )
         self.ledger = RequestLedger(params.budget)
         self.inspector = ErrorInspector()
@@ -151,7 +153,11 @@ class Experiment:
 
     def __exit__(self, *exc: object) -> None:
         started = time.monotonic()
-        self.teardown = self.dep.close()
+        # A shared server the next check must not inherit (it did not hold its SLO, or the
+        # experiment broke off) is stopped now; the next check starts a fresh one.
+        after = self.journal["steady_states"]["after"]
+        healthy = exc[0] is None and not self.stopped and (after is None or after["steady_state_met"])
+        self.teardown = self.dep.close(healthy=healthy)
         self.journal["rollbacks"].append(
             {
                 "activity": {"type": "action", "name": "teardown"},
@@ -204,12 +210,15 @@ class Experiment:
 
     @property
     def tls(self) -> ssl.SSLContext:
-        """One TLS context for every client of the experiment: httpx builds a new one (the CA bundle
-        parsed again) for each transport made without it, and each load phase makes a transport."""
+        """One TLS context for every client of the run: httpx builds a new one (the CA bundle parsed
+        again, ~45 ms) for each transport made without it, and each load phase makes a transport."""
         if self._tls is None:
             import httpx
 
-            self._tls = httpx.create_ssl_context()
+            from mmchaos.resources import shared
+
+            with shared(self.ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+                self._tls = tls
         return self._tls
 
     @property
@@ -240,6 +249,9 @@ class Experiment:
 
     def warmup(self) -> None:
         n = self.params.warmup_requests
+        if n and self.dep.warm:
+            self.activity("action", "warmup", time.monotonic(), {"skipped": "the run's shared server is warm"})
+            return
         if n and not self.stopped:
             self.phase(
                 "warmup",
@@ -410,11 +422,28 @@ class Experiment:
             )
         return result, stop[0] if stop else None
 
+    def decided(self, only: str | None = None) -> Callable[[WindowTracker], str | None] | None:
+        """The sequential stop rule of this experiment's probes (None: fixed-length phases);
+        ``only="met"`` stops early on a met SLO only."""
+        rule = self.params.sequential
+        return stop_when_decided(self.slo, rule, only=only) if rule.enabled else None
+
     def steady_state(self, which: Literal["before", "after"]) -> Phase:
-        ph = self.phase(f"steady_state_{which}", seconds=self.params.baseline_s, guarded=True)
+        reused = self.dep.recent_steady_state(self.slo) if which == "before" else None
+        if reused is not None:
+            ph, info = reused[0], reused[1]
+            assert isinstance(ph, Phase)
+            self.activity("probe", f"load:steady_state_{which}", time.monotonic(), {**info, "phase": ph.label})
+        else:
+            info = None
+            ph = self.phase(f"steady_state_{which}", seconds=self.params.baseline_s, guarded=True,
+                            stop_when=self.decided())  # fmt: skip
         met = ph.met(self.slo)
+        if which == "after" and met and not self.stopped:
+            self.dep.remember_steady_state(ph, self.slo, self.ctx.check_id)
         self.journal["steady_states"][which] = {
             "steady_state_met": met,
+            **({"reused": info} if info is not None else {}),
             "probes": [
                 {
                     "name": "success-rate",

@@ -12,6 +12,7 @@ import io
 import json
 import struct
 import zlib
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -22,14 +23,106 @@ from mmchaos.errors import ConfigError
 from mmchaos.targets.base import Capability
 
 if TYPE_CHECKING:
+    import random
+
+    import httpx
+
     from mmchaos.chaos.deployment import Deployment
     from mmchaos.chaos.load import PayloadMix
 
-__all__ = ["bomb_png", "declared_png", "good_mix", "gradient_jpeg", "image_request_body", "png_data_url"]
+__all__ = [
+    "bomb_png",
+    "chat_mix",
+    "chats",
+    "declared_png",
+    "good_mix",
+    "good_path",
+    "gradient_jpeg",
+    "image_request_body",
+    "png_data_url",
+]
+
+
+def chats(dep: Deployment) -> bool:
+    """Whether the good traffic is chat completions: a generative target that embeds nothing."""
+    caps = dep.capabilities
+    return Capability.GENERATE in caps and not caps & {Capability.EMBED_IMAGE, Capability.EMBED_TEXT}
+
+
+def good_path(dep: Deployment) -> str:
+    return f"{dep.prefix}/chat/completions" if chats(dep) else f"{dep.prefix}/embeddings"
+
+
+def _chat_validator(response: httpx.Response) -> None:
+    body = json.loads(response.content)
+    choices = body["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("a chat answer without choices")
+    content = choices[0]["message"]["content"]
+    if not isinstance(content, str):
+        raise ValueError(f"message.content is {type(content).__name__}, not text")
+
+
+def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> PayloadMix:
+    """OpenAI ``/v1/chat/completions`` requests from the dataset: a question about one image (a
+    ``data:`` URL part and a text part), and a text-only question; greedy, ``spec.max_tokens`` long."""
+    from mmchaos.chaos.load import LoadRequest, MixEntry, PayloadMix
+    from mmchaos.errors import DataError
+
+    chosen = list(ctx.dataset)[: spec.samples]
+    if not chosen:
+        raise DataError(f"dataset {ctx.dataset.name} is empty", code="data_empty")
+    path = good_path(dep)
+
+    def body(content: object) -> bytes:
+        return json.dumps(
+            {
+                "model": dep.model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": spec.max_tokens,
+                "temperature": 0,
+            }
+        ).encode()
+
+    bodies: dict[str, list[bytes]] = {}
+    images = [s for s in chosen if s.image is not None or s.image_path is not None]
+    if images:
+        bodies["chat_image"] = [
+            body(
+                [
+                    {"type": "image_url", "image_url": {"url": png_data_url(_png_bytes(s.load_image()))}},
+                    {"type": "text", "text": s.question or "What is in the picture?"},
+                ]
+            )
+            for s in images
+        ]
+    bodies["chat_text"] = [body(s.question or s.caption or "Say hello.") for s in chosen]
+    headers = {"Content-Type": "application/json"}
+
+    def factory(kind: str, options: list[bytes]) -> Callable[[random.Random], LoadRequest]:
+        def make(rng: random.Random) -> LoadRequest:
+            content = options[rng.randrange(len(options))]
+            return LoadRequest(kind, path, "POST", content=content, headers=headers, validate=_chat_validator)
+
+        return make
+
+    weights = {"chat_image": 1.0, "chat_text": 0.25}
+    return PayloadMix([MixEntry(factory(k, v), weights[k]) for k, v in bodies.items()])
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def good_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> PayloadMix:
     from mmchaos.chaos.load import embeddings_mix
+
+    if chats(dep):
+        return chat_mix(ctx, dep, spec)
 
     weights = dict(spec.weights)
     if not dep.capabilities & {Capability.EMBED_IMAGE} or not ctx.dataset.has_images:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
     from mmchaos.targets.base import Target
 
-__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "ServingParams", "Spec"]
+__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "SequentialSpec", "ServingParams", "Spec"]
 
 
 class Spec(BaseModel):
@@ -55,13 +55,26 @@ class BudgetSpec(Spec):
 
 
 class PayloadSpec(Spec):
-    """The good traffic: OpenAI embeddings requests built from the dataset (embeddings_mix)."""
+    """The good traffic: OpenAI embeddings requests built from the dataset (embeddings_mix), or chat
+    completions about its images for a generative target (chat_mix)."""
 
     samples: int = Field(8, ge=1, le=1024, description="dataset samples the bodies are built from")
     large_side: int = Field(512, ge=16, le=4096, description="side of the 'image_large' JPEGs, px")
     weights: dict[str, float] = Field(
         default_factory=lambda: {"image_small": 1.0, "image_large": 0.25, "text_short": 1.0, "text_long": 0.25}
     )
+    max_tokens: int = Field(8, ge=1, le=4096, description="max_tokens of chat requests (generative targets)")
+
+
+class SequentialSpec(Spec):
+    """When a steady-state probe or an overload step may stop early: its SLO verdict decided by an
+    SPRT (see :mod:`mmchaos.chaos.sequential`), after ``min_s``; never later than its fixed length."""
+
+    enabled: bool = Field(True, description="false: every phase runs its full length")
+    min_s: float = Field(0.5, ge=0.0, le=3600.0, description="no decision before this, s")
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="P(stop 'breached' | SLO met)")
+    beta: float = Field(0.05, gt=0.0, lt=0.5, description="P(stop 'met' | rate = indifference x tolerance)")
+    indifference: float = Field(5.0, gt=1.0, le=100.0, description="H1 rate / tolerated rate")
 
 
 class ExperimentContext(Protocol):
@@ -89,6 +102,7 @@ class ServingParams(BaseModel):
     baseline_s: float = Field(1.5, gt=0.0, le=3600.0, description="steady-state probe length, s")
     max_recovery_s: float = Field(3.0, gt=0.0, le=3600.0, description="SLO must hold again within this, s")
     payload: PayloadSpec = Field(default_factory=lambda: PayloadSpec.model_validate({}))
+    sequential: SequentialSpec = Field(default_factory=lambda: SequentialSpec.model_validate({}))
     server: ServerConfig = Field(
         default_factory=lambda: ServerConfig.model_validate({}),
         description="the reference server the check starts for an in-process target (ignored for openai:)",

@@ -58,11 +58,18 @@ class WindowTracker:
         self._next = t0 + slo.window_s
         self.consecutive_breaches = 0
         self.max_consecutive_breaches = 0
+        self.n_events = 0  # the whole phase so far (what a sequential stop rule reads)
+        self.n_ok = 0
+        self.latencies_ms: list[float] = []
 
     def add(self, record: RequestRecord, now: float) -> None:
         if record.error == "client_shed":
             return
-        self._events.append((now, record.error is None, record.latency * 1000.0))
+        ok = record.error is None
+        self._events.append((now, ok, record.latency * 1000.0))
+        self.n_events += 1
+        self.n_ok += ok
+        self.latencies_ms.append(record.latency * 1000.0)
 
     def close_until(self, now: float, inflight: Mapping[int, float]) -> list[Window]:
         """Close every window that ended by ``now``."""

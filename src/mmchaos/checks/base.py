@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from mmchaos.data.base import Dataset
     from mmchaos.executors import Executor, UnitFn, UnitJournal
+    from mmchaos.resources import RunResources
 
 __all__ = [
     "ANY_MODALITY",
@@ -95,6 +96,8 @@ class CheckContext:
     """Where work units run (None: in this process, on ``target``); see :mod:`mmchaos.executors`."""
     journal: UnitJournal | None = None
     """Where finished units are committed, so a resumed run does not compute them again."""
+    resources: RunResources | None = None
+    """What the run's checks share (reference server, worker pool); None: the check starts its own."""
 
     def rng(self, *stream: int | str) -> np.random.Generator:
         """A generator seeded by (run seed, check id, stream): independent of run order."""
@@ -175,6 +178,10 @@ class Check(Generic[P, G]):
         wanted = " or ".join("+".join(sorted(c.value for c in alt)) for alt in self.requires)
         have = ", ".join(sorted(c.value for c in target.capabilities)) or "none"
         return f"needs {wanted}; target has {have}"
+
+    def prepare(self, ctx: CheckContext) -> None:
+        """Called for every check of a run before the first one runs: start, in the background
+        (``ctx.resources.prefetch``), what :meth:`run` will need, so it overlaps with earlier checks."""
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         raise NotImplementedError

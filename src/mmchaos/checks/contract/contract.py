@@ -35,10 +35,12 @@ from mmchaos.isolation import (
     ErrorInfo,
     InProcessRunner,
     JobResult,
-    WorkerPool,
+    PoolView,
     WorkerSpec,
     describe_exception,
-    start_pool,
+    prefetch_pool,
+    run_pool,
+    shared_spec,
     worker_spec,
 )
 from mmchaos.targets.base import Capability, Target
@@ -417,7 +419,6 @@ class Contract(Check[ContractParams, ContractGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        g = self.gate
         target = unwrap(ctx.target)
         cases = [c for c in select_cases(p.cases, p.exclude) if route(target.capabilities, c.kind) is not None]
         unsafe: list[str] = []
@@ -429,22 +430,18 @@ class Contract(Check[ContractParams, ContractGate]):
             yield self.finding(ctx, Verdict.SKIPPED, "no corpus case applies to this target's capabilities")
             return
         base = _base_sample(ctx)
-        options = {**dict(target.load_options), **p.target_options}
-        # An address-space limit breaks accelerator runtimes (they reserve huge virtual ranges).
-        on_cpu = str(options.get("device", "cpu")).startswith("cpu")
-        spec = worker_spec(
-            target,
-            p.target_options,
-            threads=p.threads_per_worker,
-            memory_limit_mb=p.memory_limit_mb if p.isolation == "subprocess" and on_cpu else 0,
-            accepted_errors=tuple(p.accepted_errors),
-            context={"base_png": png_bytes(base.image), "caption": base.caption},
-        )
+        overlay = {
+            "accepted_errors": tuple(p.accepted_errors),
+            "context": {"base_png": png_bytes(base.image), "caption": base.caption},
+        }
         start = time.perf_counter()
-        runner: WorkerPool | InProcessRunner
         if p.isolation == "subprocess":
             try:
-                runner = start_pool(spec, _job, workers=min(p.workers, len(cases)), start_timeout=p.start_timeout_s)
+                with run_pool(
+                    ctx, self._spec(target), _job, workers=self._workers(cases), start_timeout=p.start_timeout_s,
+                    overlay=overlay,
+                ) as view:  # fmt: skip
+                    outcomes = self._run_cases(ctx, target, cases, view)
             except TargetLoadError as exc:
                 yield self.finding(
                     ctx,
@@ -455,12 +452,37 @@ class Contract(Check[ContractParams, ContractGate]):
                     suggestion="give a loadable URI (and target_options), or set isolation: inprocess",
                 )
                 return
+            runner: PoolView | InProcessRunner = view
         else:
+            spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
             runner = InProcessRunner(target, spec, _job)
+            outcomes = self._run_cases(ctx, target, cases, runner)
+        wall = time.perf_counter() - start
+        yield from self._findings(ctx, cases, outcomes, base, wall, runner, unsafe)
+
+    def _spec(self, target: Target) -> WorkerSpec:
+        p = self.params
+        return shared_spec(target, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+
+    def _workers(self, cases: list[Case] | None = None) -> int:
+        return min(self.params.workers, len(cases)) if cases is not None else self.params.workers
+
+    def prepare(self, ctx: CheckContext) -> None:
+        """Start the run's worker pool now, so it loads the model while other checks run."""
+        p = self.params
+        if p.isolation == "subprocess":
+            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=p.workers, start_timeout=p.start_timeout_s)
+
+    def _run_cases(
+        self, ctx: CheckContext, target: Target, cases: list[Case], runner: PoolView | InProcessRunner
+    ) -> dict[str, CaseOutcome]:
+        p = self.params
+        g = self.gate
         outcomes: dict[str, CaseOutcome] = {}
         bar = ctx.progress.task(f"{ctx.check_id}: hostile inputs", total=len(cases))
         try:
-            list(runner.map([("warmup", None)] * (p.workers if p.isolation == "subprocess" else 1), p.timeout_s * 4))
+            warmups = runner.workers if isinstance(runner, PoolView) else 1
+            list(runner.map([("warmup", None)] * warmups, p.timeout_s * 4))
             payloads = [("case", c.name) for c in cases]
             for index, job in runner.map(payloads, p.timeout_s):
                 case = cases[index]
@@ -473,10 +495,7 @@ class Contract(Check[ContractParams, ContractGate]):
                 bar.advance()
         finally:
             bar.close()
-            if isinstance(runner, WorkerPool):
-                runner.close()
-        wall = time.perf_counter() - start
-        yield from self._findings(ctx, cases, outcomes, base, wall, runner, unsafe)
+        return outcomes
 
     def _findings(
         self,
@@ -485,7 +504,7 @@ class Contract(Check[ContractParams, ContractGate]):
         outcomes: dict[str, CaseOutcome],
         base: CorpusBase,
         wall: float,
-        runner: WorkerPool | InProcessRunner,
+        runner: PoolView | InProcessRunner,
         unsafe: list[str],
     ) -> Iterator[Finding]:
         p = self.params

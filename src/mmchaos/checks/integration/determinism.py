@@ -1,10 +1,11 @@
 """Step 5: the same inputs give the same outputs twice in one process and in two processes.
 
 In-process: every batch is run twice through the target the run holds. Across processes: two
-fresh worker processes each load the target by URI (as ``mmchaos validate`` would on two
-replicas) and run the same batches; their outputs must be identical (the gate can allow a
-tolerance). This process's outputs are compared with the workers' too, for information: they
-may legitimately differ when earlier checks changed process-wide settings.
+worker processes each load the target by URI (as ``mmchaos validate`` would on two replicas;
+in a run, the pool the contract check used too, started once) and run the same batches; their
+outputs must be identical (the gate can allow a tolerance). This process's outputs are compared
+with the workers' too, for information: they may legitimately differ when earlier checks changed
+process-wide settings.
 
 Generative targets (in this process): the same greedy requests twice give the same completions
 (text, token ids, finish reason, and logprobs within the gate), and sampling with a seed gives the
@@ -25,7 +26,7 @@ from mmchaos.checks.engine.generation_inputs import probe_requests, result_signa
 from mmchaos.checks.integration.thread_safety import max_difference
 from mmchaos.errors import MMChaosError, TargetLoadError
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
-from mmchaos.isolation import JobResult, WorkerSpec, describe_exception, start_pool, worker_spec
+from mmchaos.isolation import JobResult, WorkerSpec, describe_exception, prefetch_pool, run_pool, shared_spec
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message
 from mmchaos.targets.wrappers import unwrap
@@ -59,6 +60,8 @@ class DeterminismParams(Params):
     max_new_tokens: int = Field(default=12, ge=1, description="generative targets: tokens per completion")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], description="seeds of the sampled requests")
     temperature: float = Field(default=1.0, gt=0, description="temperature of the sampled requests")
+    threads_per_worker: int | None = Field(default=1, ge=1, description="as contract's, so a run shares one pool")
+    memory_limit_mb: int = Field(default=6144, ge=0, description="as contract's, so a run shares one pool")
 
 
 class DeterminismGate(Gate):
@@ -109,9 +112,19 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         if not p.cross_process:
             return
         inner = unwrap(ctx.target)
-        spec = worker_spec(inner, p.target_options, threads=None)
+        runs: list[list[Any]] = [[], []]
+        failure = ""
         try:
-            pool = start_pool(spec, call_job, workers=2, start_timeout=p.start_timeout_s)
+            with run_pool(ctx, self._spec(inner), call_job, workers=2, start_timeout=p.start_timeout_s) as pool:
+                for method, items, _ in batches:
+                    results: list[JobResult] = pool.broadcast((method, items), p.timeout_s)
+                    for w, res in enumerate(results):
+                        if res.status != "ok" or "error" in res.value:
+                            failure = res.detail or (res.value or {}).get("error", "").short()
+                            break
+                        runs[w].append(res.value["output"])
+                    if failure:
+                        break
         except TargetLoadError as exc:
             yield self.finding(
                 ctx,
@@ -122,20 +135,6 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
                 suggestion="give a loadable URI, or set cross_process: false",
             )
             return
-        runs: list[list[Any]] = [[], []]
-        failure = ""
-        try:
-            for method, items, _ in batches:
-                results: list[JobResult] = pool.broadcast((method, items), p.timeout_s)
-                for w, res in enumerate(results):
-                    if res.status != "ok" or "error" in res.value:
-                        failure = res.detail or (res.value or {}).get("error", "").short()
-                        break
-                    runs[w].append(res.value["output"])
-                if failure:
-                    break
-        finally:
-            pool.close()
         if failure:
             yield self.finding(
                 ctx, Verdict.ERROR, f"cross-process: a worker failed: {failure}"[:300], severity=Severity.MEDIUM
@@ -145,6 +144,15 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         finding = self._compare(ctx, "cross_process", "in two fresh processes", batches, runs[0], runs[1], g)
         finding.metrics["max_abs_diff_this_process_vs_worker"] = parent
         yield finding
+
+    def _spec(self, inner: Target) -> WorkerSpec:
+        p = self.params
+        return shared_spec(inner, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+
+    def prepare(self, ctx: CheckContext) -> None:
+        """Start the run's worker pool now (the one contract uses too)."""
+        if self.params.cross_process:
+            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=2, start_timeout=self.params.start_timeout_s)
 
     def _compare(
         self,

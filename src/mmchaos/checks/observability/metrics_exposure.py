@@ -238,6 +238,16 @@ def exposed_conventions(samples: Samples, accepted: Sequence[ConventionName]) ->
     return [c for c in accepted if _total(samples, CONVENTIONS[c][0]) is not None]
 
 
+def _tls(ctx: CheckContext) -> Any:
+    """The run's TLS context (httpx would build one per transport, parsing the CA bundle again)."""
+    import httpx
+
+    from mmchaos.resources import shared
+
+    with shared(ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+        return tls
+
+
 class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
     """Scrape /metrics around some traffic: per-modality latency, guard states and error codes exist and move."""
 
@@ -250,7 +260,10 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         import httpx
 
         p = self.params
-        dep = Deployment(ctx.target, p.server, proxy=False, loopback_only=p.budget.loopback_only)
+        # The run's reference server when the serving checks already started one with this config.
+        dep = Deployment(
+            ctx.target, p.server, proxy=False, loopback_only=p.budget.loopback_only, resources=ctx.resources
+        )
         ledger = RequestLedger(p.budget)
         inspector = ErrorInspector(phase="metrics")
         _, sync_cls = budgeted_transports()
@@ -263,7 +276,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         teardown: dict[str, Any] = {}
         try:
             dep.start()
-            transport = sync_cls(httpx.HTTPTransport(), ledger, inspector)
+            transport = sync_cls(httpx.HTTPTransport(verify=_tls(ctx)), ledger, inspector)
             with httpx.Client(
                 base_url=dep.root, transport=transport, timeout=p.request_timeout_s, headers=dep.auth, trust_env=False
             ) as client:

@@ -20,6 +20,7 @@ from mmchaos.checks.serving._common import (
     transport_errors,
 )
 from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability
 
 if TYPE_CHECKING:
     from mmchaos.chaos.load import LoadResult
@@ -29,7 +30,9 @@ __all__ = ["ServingOverload"]
 
 class ServingOverloadParams(ServingParams):
     concurrency_steps: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1)
-    step_s: float = Field(1.0, gt=0.0, le=600.0)
+    step_s: float = Field(
+        1.0, gt=0.0, le=600.0, description="seconds a step runs at least long enough to see the SLO's p99 twice"
+    )
     steps_past_knee: int = Field(1, ge=0, le=10, description="steps run after the SLO broke, to see how it fails")
 
     @field_validator("concurrency_steps")
@@ -49,6 +52,13 @@ class ServingOverloadGate(Gate):
     )
 
 
+def _step_seconds(p: ServingOverloadParams) -> float:
+    """A step shorter than the SLO's p99 cannot see it broken: requests queued behind a slow model
+    (a VLM generating) are cut off at the step's end before they could be late. So a step lasts at
+    least twice the p99 target; steps that meet the SLO still end early once that is decided."""
+    return max(p.step_s, 2.0 * p.slo.p99_ms / 1000.0)
+
+
 def _goodput(result: LoadResult) -> float:
     """Good answers per second between the first and the last good completion: a short step's
     pipeline fill (the first answers of a deep queue) and its cut-off do not count against it."""
@@ -63,7 +73,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
 
     name = "serving_overload"
     step = Step.SERVING
-    requires = EMBEDS
+    requires = (*EMBEDS, frozenset({Capability.GENERATE}))  # generative targets: chat completions
     Params = ServingOverloadParams
     Gate = ServingOverloadGate
 
@@ -84,7 +94,15 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 for c in p.concurrency_steps:
                     if ex.stopped:
                         break
-                    ph = ex.phase(f"concurrency={c}", seconds=p.step_s, guarded=False, concurrency=c)
+                    # A step that meets the SLO ends once that is decided (SPRT, after sequential.min_s);
+                    # a breaking step runs its full length: its goodput is judged.
+                    ph = ex.phase(
+                        f"concurrency={c}",
+                        seconds=_step_seconds(p),
+                        guarded=False,
+                        concurrency=c,
+                        stop_when=ex.decided(only="met"),
+                    )
                     if ph.result is None:
                         break
                     steps.append((c, ph))
@@ -194,6 +212,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 },
                 "rate_capped": rate_capped,
                 "step_s": p.step_s,
+                "step_s_run": _step_seconds(p),
             },
         )
         # how overload fails

@@ -15,7 +15,14 @@ from pydantic import Field, field_validator
 
 from mmchaos.chaos.budget import PROBE_HEADER
 from mmchaos.chaos.experiment import Experiment, jsonable
-from mmchaos.chaos.payloads import bomb_png, declared_png, gradient_jpeg, image_request_body, png_data_url
+from mmchaos.chaos.payloads import (
+    bomb_png,
+    declared_png,
+    good_path,
+    gradient_jpeg,
+    image_request_body,
+    png_data_url,
+)
 from mmchaos.chaos.spec import ServingParams
 from mmchaos.chaos.windows import Phase
 from mmchaos.checks.base import Check, CheckContext, Gate
@@ -90,9 +97,14 @@ class ServingPoisonGate(Gate):
     good_within_slo: bool = Field(True, description="good requests also keep the SLO's p99")
 
 
-def _poison_bodies(p: ServingPoisonParams, model: str, path: str, ctx: CheckContext) -> dict[str, bytes]:
+def _poison_bodies(
+    p: ServingPoisonParams, model: str, path: str, ctx: CheckContext, *, chat: bool = False
+) -> dict[str, bytes]:
+    """One request body per poison kind; ``chat``: as chat completions (a generative target)."""
     import json
 
+    if chat:
+        return _chat_poison_bodies(p, model, ctx)
     rng = ctx.rng("poison")
     sample = ctx.dataset[0] if len(ctx.dataset) and ctx.dataset.has_images else None
     png = png_bytes(sample.load_image()) if sample is not None else png_bytes(np.full((64, 64, 3), 90, np.uint8))
@@ -120,6 +132,33 @@ def _poison_bodies(p: ServingPoisonParams, model: str, path: str, ctx: CheckCont
         elif name == "wrong_schema":
             out[name] = json.dumps({"model": model, "input": {"nested": [1, 2, 3]}}).encode()
     del path
+    return out
+
+
+def _chat_poison_bodies(p: ServingPoisonParams, model: str, ctx: CheckContext) -> dict[str, bytes]:
+    """The same poisons as chat completions: each image in an ``image_url`` part beside a question."""
+    import json
+
+    def chat(content: Any) -> bytes:
+        return json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8,
+                           "temperature": 0}).encode()  # fmt: skip
+
+    def image(url: str) -> bytes:
+        return chat([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}])
+
+    # The image poisons are the embeddings ones with the image moved into a chat message.
+    embed = _poison_bodies(p, model, "", ctx)
+    out: dict[str, bytes] = {}
+    for name, body in embed.items():
+        if POISONS[name].needs == Capability.EMBED_IMAGE:
+            out[name] = image(json.loads(body)["messages"][0]["content"][0]["image_url"]["url"])
+    if "huge_text" in embed:
+        words = ("lorem", "ipsum", "dolor", "sit", "amet")
+        out["huge_text"] = chat(" ".join(words[i % 5] for i in range(p.huge_text_bytes // 6)))
+    if "invalid_json" in embed:
+        out["invalid_json"] = b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": "unter'
+    if "wrong_schema" in embed:
+        out["wrong_schema"] = json.dumps({"model": model, "messages": {"nested": [1, 2, 3]}}).encode()
     return out
 
 
@@ -157,14 +196,17 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
 
     name = "serving_poison"
     step = Step.SERVING
-    requires = EMBEDS
+    requires = (*EMBEDS, frozenset({Capability.GENERATE}))
     Params = ServingPoisonParams
     Gate = ServingPoisonGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
         g = self.gate
-        caps = unwrap(ctx.target).capabilities
+        caps = set(unwrap(ctx.target).capabilities)
+        chat = Capability.GENERATE in caps and not caps & {Capability.EMBED_IMAGE, Capability.EMBED_TEXT}
+        if chat:  # a chat request carries images and text alike
+            caps |= {Capability.EMBED_IMAGE, Capability.EMBED_TEXT}
         kinds = [k for k in p.poisons if POISONS[k].needs is None or POISONS[k].needs in caps]
         if Capability.EMBED_IMAGE in caps and not ctx.dataset.has_images:
             kinds = [k for k in kinds if POISONS[k].needs != Capability.EMBED_IMAGE]
@@ -177,8 +219,8 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
         settle: float | None = None
         try:
             with ex:
-                path = f"{ex.dep.prefix}/embeddings"
-                bodies = {k: v for k, v in _poison_bodies(p, ex.dep.model, path, ctx).items() if k in kinds}
+                path = good_path(ex.dep)
+                bodies = {k: v for k, v in _poison_bodies(p, ex.dep.model, path, ctx, chat=chat).items() if k in kinds}
                 ex.warmup()
                 before = ex.steady_state("before")
                 bar.advance()

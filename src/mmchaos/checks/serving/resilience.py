@@ -111,7 +111,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
 
         inner = unwrap(ctx.target)
         remote = isinstance(inner, OpenAITarget)
-        switch = None if remote or not p.breaker else FailSwitch(inner)
+        switch = None if remote or not p.breaker else FailSwitch(ctx.target)  # timed: model time
         bar = ctx.progress.task(f"{ctx.check_id}: resilience", total=3)
         findings: list[Finding] = []
         ex = Experiment(
