@@ -167,7 +167,7 @@ def test_the_shared_pool_still_fails_a_process_salted_target() -> None:
 
 
 @pytest.mark.integration
-def test_a_run_starts_one_pool_early_and_contract_and_determinism_use_it(
+def test_a_run_starts_one_pool_early_and_contract_determinism_and_fuzz_use_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool starts before the target is loaded in this process (a spy counts starts; the pool is real)."""
@@ -177,19 +177,21 @@ def test_a_run_starts_one_pool_early_and_contract_and_determinism_use_it(
     from mmchaos.suites import SuiteSpec
 
     starts: list[str] = []
-    real = isolation.start_pool
+    real = isolation.WorkerPool.__init__
 
-    def counting(spec: Any, handler: Any, **kw: Any) -> WorkerPool:
+    def counting(self: WorkerPool, spec: Any, *args: Any, **kw: Any) -> None:
+        # Every pool, however a check imported start_pool, is a WorkerPool.
         starts.append(spec.uri)
-        return real(spec, handler, **kw)
+        real(self, spec, *args, **kw)
 
-    monkeypatch.setattr(isolation, "start_pool", counting)
+    monkeypatch.setattr(isolation.WorkerPool, "__init__", counting)
     suite = SuiteSpec.model_validate(
         {
             "name": "pool",
             "checks": [
                 {"check": "contract", "params": {"cases": ["zero_byte", "mode_L*"]}},
                 {"check": "determinism", "params": {"samples": 4}},
+                {"check": "contract_fuzz", "params": {"max_cases": 40, "max_seconds": 5, "kinds": ["image_bytes"]}},
             ],
         }
     )

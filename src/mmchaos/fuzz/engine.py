@@ -32,9 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """What runs jobs: a :class:`~mmchaos.isolation.WorkerPool` or an ``InProcessRunner``."""
+    """What runs jobs: a :class:`~mmchaos.isolation.WorkerPool`, the run's shared pool (``PoolView``)
+    or an ``InProcessRunner``."""
 
-    replacements: int
+    @property
+    def replacements(self) -> int: ...
 
     def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]: ...
 

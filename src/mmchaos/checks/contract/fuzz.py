@@ -31,7 +31,15 @@ from mmchaos.fuzz.formats import sniff
 from mmchaos.fuzz.replay import replay_command
 from mmchaos.fuzz.seeds import format_seeds, shrink, text_seeds
 from mmchaos.fuzz.worker import fuzz_job, method_for
-from mmchaos.isolation import InProcessRunner, WorkerPool, start_pool, worker_spec
+from mmchaos.isolation import (
+    InProcessRunner,
+    PoolView,
+    WorkerSpec,
+    prefetch_pool,
+    run_pool,
+    shared_spec,
+    worker_spec,
+)
 from mmchaos.targets.base import Target
 from mmchaos.targets.wrappers import unwrap
 
@@ -52,7 +60,9 @@ class ContractFuzzParams(Params):
     workers: int = Field(default=2, ge=1, le=32)
     timeout_s: float = Field(default=10.0, gt=0, description="per input; past it the input is 'hung'")
     start_timeout_s: float = Field(default=300.0, gt=0)
-    memory_limit_mb: int = Field(default=4096, ge=0, description="address-space limit per CPU worker; 0 = none")
+    memory_limit_mb: int = Field(
+        default=6144, ge=0, description="address-space limit per CPU worker; 0 = none (as contract's: one shared pool)"
+    )
     threads_per_worker: int | None = Field(default=1, ge=1)
     accepted_errors: list[str] = Field(default_factory=list)
     target_options: dict[str, Any] = Field(default_factory=dict)
@@ -164,19 +174,26 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
 
             host = urlsplit(str(target.uri).removeprefix("openai:")).hostname or ""
             gate = _RequestGate(p.budget, host, p.openapi_requests if p.openapi else 0)
-        options = {**dict(target.load_options), **p.target_options}
-        on_cpu = str(options.get("device", "cpu")).startswith("cpu")
-        spec = worker_spec(
-            target,
-            p.target_options,
-            threads=p.threads_per_worker,
-            memory_limit_mb=p.memory_limit_mb if p.isolation == "subprocess" and on_cpu else 0,
-            accepted_errors=tuple(p.accepted_errors),
+        config = FuzzConfig(
+            max_cases=p.max_cases,
+            max_seconds=p.max_seconds,
+            timeout_s=p.timeout_s,
+            minimise=p.minimise,
+            minimise_tests=p.minimise_tests,
+            minimise_seconds=p.minimise_seconds,
+            stop_after_failures=p.stop_after_failures,
+            novelty=p.novelty,
         )
-        runner: WorkerPool | InProcessRunner
+        overlay = {"accepted_errors": tuple(p.accepted_errors)}
+        runner: PoolView | InProcessRunner
         if p.isolation == "subprocess":
             try:
-                runner = start_pool(spec, fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s)
+                # The run's shared pool (contract's and determinism's): started once, loaded already.
+                with run_pool(
+                    ctx, self._spec(target), fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s,
+                    overlay=overlay,
+                ) as runner:  # fmt: skip
+                    report = self._fuzz(ctx, runner, seeds, config, gate)
             except TargetLoadError as exc:
                 yield self.finding(
                     ctx,
@@ -188,31 +205,39 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
                 )
                 return
         else:
+            spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
             runner = InProcessRunner(target, spec, fuzz_job)
-        config = FuzzConfig(
-            max_cases=p.max_cases,
-            max_seconds=p.max_seconds,
-            timeout_s=p.timeout_s,
-            minimise=p.minimise,
-            minimise_tests=p.minimise_tests,
-            minimise_seconds=p.minimise_seconds,
-            stop_after_failures=p.stop_after_failures,
-            novelty=p.novelty,
-        )
-        bar = ctx.progress.task(f"{ctx.check_id}: fuzzing", total=p.max_cases)
-        try:
-            fuzzer = Fuzzer(runner, seeds, config, ctx.rng("fuzz"), gate=gate, on_progress=bar.advance)
-            report = fuzzer.run()
-        finally:
-            bar.close()
-            if isinstance(runner, WorkerPool):
-                runner.close()
+            report = self._fuzz(ctx, runner, seeds, config, gate)
         schema: dict[str, Any] = {}
         schema_findings: list[Finding] = []
         if http and gate is not None and p.openapi:
             schema, schema_findings = self._schema_phase(ctx, target, gate, p)
         yield from self._findings(ctx, target, report, seeds, runner.replacements, gate, schema)
         yield from schema_findings
+
+    def _fuzz(
+        self,
+        ctx: CheckContext,
+        runner: PoolView | InProcessRunner,
+        seeds: list[Seed],
+        config: FuzzConfig,
+        gate: _RequestGate | None,
+    ) -> FuzzReport:
+        bar = ctx.progress.task(f"{ctx.check_id}: fuzzing", total=self.params.max_cases)
+        try:
+            return Fuzzer(runner, seeds, config, ctx.rng("fuzz"), gate=gate, on_progress=bar.advance).run()
+        finally:
+            bar.close()
+
+    def _spec(self, target: Target) -> WorkerSpec:
+        p = self.params
+        return shared_spec(target, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+
+    def prepare(self, ctx: CheckContext) -> None:
+        """Ask for the run's worker pool now, so it loads the model while other checks run."""
+        p = self.params
+        if p.isolation == "subprocess":
+            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=p.workers, start_timeout=p.start_timeout_s)
 
     def _schema_phase(
         self, ctx: CheckContext, target: Target, gate: _RequestGate, p: ContractFuzzParams
