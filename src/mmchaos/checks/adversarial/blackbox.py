@@ -75,7 +75,7 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.head(ctx.max_samples or p.samples).head(p.samples)
+        data = ctx.dataset.sample(min(ctx.max_samples or p.samples, p.samples), ctx.seed)
         if Judge.choose(ctx.target, data) is None:
             why = "no image task fits this target and dataset (labels, captions or transcriptions)"
             yield self.finding(ctx, Verdict.SKIPPED, f"black-box attack not run: {why}", message=why)

@@ -60,7 +60,7 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
         torch = require("torch")
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         if not (data.has_images and data.has_labels and len(data.classes) >= 2):
             yield self.finding(
                 ctx, Verdict.SKIPPED, "semantic margin: the dataset has no labelled images of two or more classes",

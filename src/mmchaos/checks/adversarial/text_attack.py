@@ -162,7 +162,7 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         task = self._task(data, ctx.target)
         if task is None:
             yield self.finding(

@@ -55,7 +55,7 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         if not (data.has_images and data.has_labels and len(data.classes) >= 2):
             yield self.finding(
                 ctx, Verdict.SKIPPED, "typographic attack: the dataset has no labelled images of two or more classes",

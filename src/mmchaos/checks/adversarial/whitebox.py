@@ -79,7 +79,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.head(ctx.max_samples or p.samples).head(p.samples)
+        data = ctx.dataset.sample(min(ctx.max_samples or p.samples, p.samples), ctx.seed)
         if not ctx.target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT):
             yield self._generative(ctx, data)
             return

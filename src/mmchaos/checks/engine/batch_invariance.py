@@ -59,7 +59,7 @@ class BatchInvariance(Check[BatchInvarianceParams, BatchInvarianceGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         target = ctx.target
         images = [s.load_image() for s in data] if data.has_images else []
         texts = [s.caption for s in data if s.caption] or [s.text for s in data if s.text] or []

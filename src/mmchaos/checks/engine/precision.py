@@ -154,7 +154,7 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
         torch = require("torch")
         target = ctx.target
         module = target.torch_module()
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         images = [s.load_image() for s in data] if data.has_images and target.has(Capability.EMBED_IMAGE) else []
         texts = [s.caption or s.text or "" for s in data] if target.has(Capability.EMBED_TEXT) else []
         texts = [t for t in texts if t]

@@ -79,7 +79,7 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
 
     def _batches(self, ctx: CheckContext) -> list[tuple[str, list[Any], list[str]]]:
         p = self.params
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         target = ctx.target
         out: list[tuple[str, list[Any], list[str]]] = []
         images = [s.load_image() for s in data] if data.has_images else []

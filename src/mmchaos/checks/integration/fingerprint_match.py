@@ -260,7 +260,7 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
                 if want and have and want != have:
                     problems.append((comp, f"the {comp} hash {have[:12]} differs from the recorded {want[:12]}"))
             lines.append("recorded hashes compared")
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         texts = [s.caption or s.text or "" for s in data]
         if data.classes:
             texts += [data.prompt_template.format(c) for c in data.classes]
@@ -343,7 +343,7 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
 
     @staticmethod
     def _probe(ctx: CheckContext, samples: int) -> tuple[float, float] | None:
-        data = ctx.dataset.head(samples)
+        data = ctx.dataset.sample(samples, ctx.seed)
         target = ctx.target
         if not (data.has_labels and data.has_images and data.classes and len(data.classes) > 1):
             return None

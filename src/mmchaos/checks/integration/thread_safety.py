@@ -150,7 +150,7 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
 
     def _calls(self, ctx: CheckContext) -> dict[str, list[_Call]]:
         p = self.params
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         target = ctx.target
         images = [s.load_image() for s in data] if data.has_images else []
         ids = [s.id for s in data]

@@ -128,7 +128,7 @@ class DriftDetection(Check[DriftDetectionParams, DriftDetectionGate]):
         from mmchaos import perturb
 
         p = self.params
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         inputs: dict[str, list[Any]] = {}
         if ctx.target.has(Capability.EMBED_IMAGE) and data.has_images and len(data):
             inputs["image"] = [s.load_image() for s in data]

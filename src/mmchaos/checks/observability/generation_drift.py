@@ -231,7 +231,7 @@ class GenerationDrift(Check[GenerationDriftParams, GenerationDriftGate]):
         from mmchaos.perturb.base import BindContext
 
         p, g = self.params, self.gate
-        data = ctx.dataset.head(p.samples)
+        data = ctx.dataset.sample(p.samples, ctx.seed)
         images = [s.load_image() for s in data] if data.has_images else []
         n = len(images) if images else p.samples
         if n < 8:
