@@ -34,7 +34,9 @@ class RecordingColour(ColourTarget):
 
 def _sorted_by_class() -> Dataset:
     data = colour_dataset(24)
-    return Dataset(data.name, sorted(data.samples, key=lambda s: str(s.label)), list(data.classes), data.prompt_template)
+    return Dataset(
+        data.name, sorted(data.samples, key=lambda s: str(s.label)), list(data.classes), data.prompt_template
+    )
 
 
 @pytest.mark.parametrize(
