@@ -43,7 +43,7 @@ def validate_command(
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
     executor: Annotated[
-        str, typer.Option("--executor", help="where work units run: local, or ray (needs mmchaos[ray])")
+        str, typer.Option("--executor", help="where work units run: local, or ray (needs mmchaos\\[ray])")
     ] = "local",
     ray_address: Annotated[
         str | None, typer.Option("--ray-address", help="--executor ray: the cluster to join (default: a local Ray)")
