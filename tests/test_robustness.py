@@ -247,3 +247,16 @@ def test_bad_params_are_one_line_config_errors(params: dict[str, Any], match: st
     spec = SuiteSpec.model_validate({"name": "t", "checks": [{"check": "robustness", "params": params}]})
     with pytest.raises(ConfigError, match=match):
         build_checks(spec)
+
+
+def test_a_batch_sampled_perturbation_worst_case_is_rebuilt_from_its_shard() -> None:
+    """OCR ghosting copies the previous item of the batch in: its recorded parameters point into the
+    shard, so one item alone cannot replay it (this raised IndexError in the prelaunch suite)."""
+    findings = _run(
+        fakes.OnePixelColourTarget(), perturbations=["ocr_ghosting"], severities=[5], samples=16, shard_size=8,
+        worst_cases=3,
+    )  # fmt: skip
+    assert not [f.title for f in findings if f.verdict == Verdict.ERROR]
+    cases = findings[-1].evidence["worst_cases"]
+    assert cases and all(c["perturbation"] == "ocr_ghosting" for c in cases)
+    assert any(c["params"]["ghost_of"] > 0 for c in cases), "a case whose ghost is another item of its shard"

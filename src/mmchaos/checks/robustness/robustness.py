@@ -23,15 +23,15 @@ import numpy.typing as npt
 from pydantic import Field, field_validator, model_validator
 
 from mmchaos import perturb, tasks
-from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.checks.robustness.sweep import (
     ShardResult,
     SweepPlan,
     Unit,
+    clean_inputs,
     decode,
     encode,
-    multimodal_item,
     run_unit,
     texts_of,
 )
@@ -44,6 +44,7 @@ from mmchaos.perturb.base import (
     MultimodalPerturbation,
     MultimodalSample,
     Perturbation,
+    TextPerturbation,
 )
 from mmchaos.targets.base import Capability, Target
 from mmchaos.tasks.base import Task, TaskResult
@@ -638,17 +639,32 @@ def _collect(
 
 
 def _replay(sweep: _Sweep, case: _Case) -> Any:
-    """The perturbed input of a case, rebuilt from the clean sample and the recorded parameters."""
+    """The perturbed input of a case, rebuilt from the clean sample and the recorded parameters.
+
+    A perturbation that samples a batch as a whole (``sample_batch`` overridden: OCR ghosting
+    copies the previous item of the batch in) cannot be replayed from one item: its parameters
+    point into the batch the unit perturbed. For those the case's shard is perturbed again, with
+    the unit's own seed, and the case's item is taken from it (the same bytes the unit scored).
+    """
     pert: Perturbation[Any] = perturb.get(case.perturbation).bind(sweep.bind)
     data, field_ = sweep.data, sweep.plan.text_field
-    item: Any
-    if pert.modality == Modality.IMAGE:
-        item = data[case.index].load_image()
-    elif pert.modality == Modality.TEXT:
-        item = texts_of(data, [case.index], field_)[0]
-    else:
-        item = multimodal_item(data, case.index, field_)
+    if _samples_whole_batches(pert):
+        start, stop = next((a, b) for a, b in sweep.shards if a <= case.index < b)
+        shard = clean_inputs(pert, data, list(range(start, stop)), field_)
+        rng = seeded_rng(sweep.plan.seed, sweep.plan.check_id, pert.name, case.severity, start)
+        perturbed, _ = pert(shard, case.severity, rng=rng)
+        return perturbed[case.index - start]
+    item = clean_inputs(pert, data, [case.index], field_)[0]
     return pert.replay([item], Applied(case.perturbation, case.severity, (case.params,)))[0]
+
+
+_ITEMWISE_BASES: tuple[type, ...] = (Perturbation, TextPerturbation)
+
+
+def _samples_whole_batches(pert: Perturbation[Any]) -> bool:
+    """Whether the perturbation's parameters for an item depend on the rest of its batch."""
+    own = type(pert).sample_batch
+    return not any(own is getattr(base, "sample_batch", None) for base in _ITEMWISE_BASES)
 
 
 def _text_field(data: Dataset, target: Target) -> str | None:

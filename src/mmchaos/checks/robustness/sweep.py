@@ -178,11 +178,12 @@ def _shard_inputs(worker: Worker, plan: SweepPlan, pert: Perturbation[Any], data
     key = (pert.modality.value, unit.start, unit.stop)
     if key not in last:
         last.clear()  # memory holds one shard of inputs, not more
-        last[key] = _inputs(pert, data, list(range(unit.start, unit.stop)), plan.text_field)
+        last[key] = clean_inputs(pert, data, list(range(unit.start, unit.stop)), plan.text_field)
     return last[key]
 
 
-def _inputs(pert: Perturbation[Any], data: Dataset, rows: list[int], text_field: str | None) -> list[Any]:
+def clean_inputs(pert: Perturbation[Any], data: Dataset, rows: list[int], text_field: str | None) -> list[Any]:
+    """The clean items of ``rows`` in the form the perturbation takes (images, texts or multimodal items)."""
     if pert.modality == Modality.IMAGE:
         return [data[i].load_image() for i in rows]
     if pert.modality == Modality.TEXT:
