@@ -200,7 +200,7 @@ def test_worker_spec_overlays_the_targets_load_options() -> None:
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
     findings = _run(Determinism(), bt.ProcessSaltedTarget())
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.FAIL]
-    assert "in two fresh processes: outputs differ" in findings[1].title
+    assert "in two worker processes: outputs differ" in findings[1].title
     assert findings[1].evidence["worst"]["method"] == "embed_texts"
 
 

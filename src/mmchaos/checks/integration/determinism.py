@@ -52,7 +52,7 @@ def call_job(target: Target, spec: WorkerSpec, payload: tuple[str, list[Any]]) -
 class DeterminismParams(Params):
     samples: int = Field(default=16, ge=1)
     batch_size: int = Field(default=8, ge=1)
-    cross_process: bool = Field(default=True, description="also compare two fresh worker processes")
+    cross_process: bool = Field(default=True, description="also compare two worker processes (the run's shared pool)")
     timeout_s: float = Field(default=120.0, gt=0)
     start_timeout_s: float = Field(default=300.0, gt=0)
     target_options: dict[str, Any] = Field(default_factory=dict)
@@ -141,7 +141,7 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
             )
             return
         parent = max(max_difference(a, b) for a, b in zip(first, runs[0], strict=True))
-        finding = self._compare(ctx, "cross_process", "in two fresh processes", batches, runs[0], runs[1], g)
+        finding = self._compare(ctx, "cross_process", "in two worker processes", batches, runs[0], runs[1], g)
         finding.metrics["max_abs_diff_this_process_vs_worker"] = parent
         yield finding
 
