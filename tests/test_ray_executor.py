@@ -135,3 +135,22 @@ def test_ray_yields_in_unit_order_and_raises_a_failed_unit_at_its_place(local_ra
         assert [next(got), next(got)] == [10, 11]
         with pytest.raises(ValueError, match="unit 2 broke"):
             next(got)
+
+
+def _model_time(tmp_path: Path, name: str, executor: ExecutorSpec | None) -> tuple[float, int]:
+    with RunStore(tmp_path / f"{name}.db") as store:
+        config = RunConfig(target="py:tests.fakes:hash_embed", suite=SuiteSpec.model_validate(SUITE), data=DATA)
+        result = run_suite(config, store, executor=executor)
+        (check,) = store.checks(result.run_id)
+        return check.model_seconds, check.model_calls
+
+
+def test_model_calls_on_ray_actors_count_in_the_checks_model_time(tmp_path: Path, local_ray: None) -> None:
+    """The units' model calls happen on the actors; they come back with the results (before: the
+    check reported only the driver's own calls, so a Ray run showed next to no model time)."""
+    _, local_calls = _model_time(tmp_path, "local", None)
+    seconds, calls = _model_time(tmp_path, "ray", ExecutorSpec("ray", workers=2))
+    assert local_calls > 0
+    # Each actor embeds the clean set for itself (its memo), so a Ray run makes at least as many calls.
+    assert calls >= local_calls
+    assert seconds > 0

@@ -133,10 +133,19 @@ def _limit_memory(mb: int) -> None:
 
 
 def child_entry(fd: int) -> None:
-    """Entry point of a worker interpreter: the first message holds (spec, handler)."""
+    """Entry point of a worker interpreter: the first message holds (spec, handler).
+
+    The worker leaves with ``os._exit`` once told to stop: tearing down an interpreter that holds
+    torch, transformers and a model takes 1.5-2 s, which the run would spend waiting in
+    ``WorkerPool.close``, and the worker has nothing left to save (results went over the pipe).
+    """
     conn = Connection(fd)
     spec, handler = conn.recv()
     _worker_main(conn, spec, handler)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _worker_main(conn: Connection, spec: WorkerSpec, handler: Handler) -> None:

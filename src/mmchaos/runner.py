@@ -19,7 +19,7 @@ from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import DataError, StoreError
-from mmchaos.executors import Executor, ExecutorSpec, StoreJournal, TargetSpec, open_executor
+from mmchaos.executors import Executor, ExecutorSpec, LazyExecutor, StoreJournal, TargetSpec, open_executor
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.resources import RunResources
 from mmchaos.store import RunRecord, RunStore, new_run_id
@@ -179,7 +179,7 @@ def run_suite(
     else:
         run_id = new_run_id()
     checks = build_checks(config.suite)
-    pool: Executor | None = None
+    pool: LazyExecutor | None = None
     resources = RunResources()  # one reference server, one worker pool, ... for the whole run
     try:
         early = _prepare_early(checks, config, resources) if resume is None else set()
@@ -216,8 +216,10 @@ def run_suite(
                 )
             store.update_run(run_id, status="running")
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
-        if executor is not None:
-            pool = open_executor(executor, TargetSpec(config.target, config.options, data_spec))
+        if executor is not None and executor.kind != "local":
+            # Opened by the first check that maps work units (a suite without one never starts Ray).
+            where, spec = executor, TargetSpec(config.target, config.options, data_spec)
+            pool = LazyExecutor(where.kind, lambda: open_executor(where, spec))
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         pending = [(cid, check) for cid, check in checks if cid not in done]
@@ -235,6 +237,8 @@ def run_suite(
                 check_id, check, target, dataset, config.effective_seed, progress, resources,
                 executor=pool, journal=StoreJournal(store, run_id, check_id),
             )  # fmt: skip
+            if pool is not None and pool.error is not None:
+                raise pool.error  # the executor could not open: the run's usage error, not this check's
             store.commit_check(
                 run_id, check_id, findings, wall_seconds=wall, model_seconds=timed.seconds, model_calls=timed.calls
             )

@@ -119,11 +119,12 @@ class CheckContext:
         the journal; ``encode``/``decode`` turn a result into JSON-able values and back.
         """
         from mmchaos.executors import LocalExecutor, Worker, run_units
+        from mmchaos.timing import clock_of
 
         executor = self.executor or LocalExecutor(Worker(self.target, self.dataset))
         return run_units(
             executor, fn, shared, units, keys=keys, encode=encode, decode=decode, journal=self.journal,
-            what=f"{self.check_id} units",
+            what=f"{self.check_id} units", clock=clock_of(self.target),
         )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from mmchaos.executors.base import (
     UnitFn,
     Worker,
 )
-from mmchaos.executors.factory import open_executor
+from mmchaos.executors.factory import LazyExecutor, open_executor
 from mmchaos.executors.journal import StoreJournal, UnitJournal, run_units
 from mmchaos.executors.local import LocalExecutor
 
@@ -21,6 +21,7 @@ __all__ = [
     "EXECUTORS",
     "Executor",
     "ExecutorSpec",
+    "LazyExecutor",
     "LocalExecutor",
     "StoreJournal",
     "TargetSpec",

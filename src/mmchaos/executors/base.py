@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
     from mmchaos.targets import TargetOptions
     from mmchaos.targets.base import Target
+    from mmchaos.timing import ModelClock
 
 __all__ = ["EXECUTORS", "Executor", "ExecutorSpec", "TargetSpec", "UnitFn", "Worker"]
 
@@ -73,10 +74,14 @@ class Executor(ABC):
     workers: int = 1
 
     @abstractmethod
-    def map(self, fn: UnitFn[S, U, R], shared: S, units: Sequence[U]) -> Iterator[R]:
+    def map(
+        self, fn: UnitFn[S, U, R], shared: S, units: Sequence[U], *, clock: ModelClock | None = None
+    ) -> Iterator[R]:
         """``fn(worker, shared, unit)`` for every unit; results in the order of ``units``.
 
-        An exception raised by a unit is raised here, at that unit's place in the order.
+        An exception raised by a unit is raised here, at that unit's place in the order. Model
+        calls that units make away from the caller's target (on a remote worker) are added to
+        ``clock``, so the check's model time includes them.
         """
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from mmchaos.executors.base import Executor, UnitFn
 
 if TYPE_CHECKING:
     from mmchaos.store import RunStore
+    from mmchaos.timing import ModelClock
 
 __all__ = ["StoreJournal", "UnitJournal", "run_units"]
 
@@ -74,15 +75,19 @@ def run_units(
     decode: Callable[[Any], R],
     journal: UnitJournal | None = None,
     what: str = "units",
+    clock: ModelClock | None = None,
 ) -> Generator[R, None, None]:
-    """The results of ``units`` in order: read back where the journal has them, computed otherwise."""
+    """The results of ``units`` in order: read back where the journal has them, computed otherwise.
+
+    ``clock`` receives the model time of units computed on remote workers (see :meth:`Executor.map`).
+    """
     if len(keys) != len(units) or len(set(keys)) != len(keys):
         raise ValueError("every unit needs its own key")
     have = journal.keys() & set(keys) if journal is not None else set()
     if have:
         log.info("resume: %d of %d %s read back from the store, %d to compute", len(have), len(keys), what,
                  len(keys) - len(have))  # fmt: skip
-    fresh = executor.map(fn, shared, [u for u, k in zip(units, keys, strict=True) if k not in have])
+    fresh = executor.map(fn, shared, [u for u, k in zip(units, keys, strict=True) if k not in have], clock=clock)
     for key in keys:
         if journal is not None and key in have:
             yield decode(json.loads(journal.get(key)))

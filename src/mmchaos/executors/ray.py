@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.errors import ConfigError, MissingDependencyError
 from mmchaos.executors.base import Executor, TargetSpec, UnitFn, Worker
+
+if TYPE_CHECKING:
+    from mmchaos.timing import ModelClock
 
 __all__ = ["RayExecutor", "TargetActor", "require_ray"]
 
@@ -41,19 +45,48 @@ def require_ray() -> Any:
         ) from exc
 
 
+Busy = list[tuple[float, float]]
+"""Model calls of one unit as (start, end) on the wall clock (``time.time``), comparable across processes."""
+
+
+def _busy_target(inner: Any) -> Any:
+    """``inner`` wrapped so each model call appends its (start, end) wall-clock interval to ``.busy``."""
+    from mmchaos.targets.wrappers import DelegatingTarget
+
+    class BusyTarget(DelegatingTarget):
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self.busy: Busy = []
+
+        def call(self, fn: Callable[..., R], *args: Any) -> R:
+            start = time.time()
+            try:
+                return fn(*args)
+            finally:
+                self.busy.append((start, time.time()))
+
+    return BusyTarget(inner)
+
+
 class TargetActor:
-    """The body of one Ray actor: a target and dataset loaded once, then any number of units."""
+    """The body of one Ray actor: a target and dataset loaded once, then any number of units.
+
+    A unit's result travels back with the model calls it made (:data:`Busy`), which the driver
+    adds to the check's model clock: the calls happen here, out of the runner's sight.
+    """
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
         self._worker: Worker | None = None
+        self._loaded: Any = None
 
     def worker(self) -> Worker:
         if self._worker is None:
             from mmchaos.data import load_dataset
             from mmchaos.targets import load_target
 
-            self._worker = Worker(load_target(self.spec.uri, self.spec.options), load_dataset(self.spec.data))
+            self._loaded = load_target(self.spec.uri, self.spec.options)
+            self._worker = Worker(_busy_target(self._loaded), load_dataset(self.spec.data))
         return self._worker
 
     def ready(self) -> bool:
@@ -61,12 +94,17 @@ class TargetActor:
         self.worker()
         return True
 
-    def run(self, fn: UnitFn[Any, Any, Any], shared: Any, unit: Any) -> Any:
-        return fn(self.worker(), shared, unit)
+    def run(self, fn: UnitFn[Any, Any, Any], shared: Any, unit: Any) -> tuple[Any, Busy]:
+        worker = self.worker()
+        target: Any = worker.target
+        target.busy = []
+        value = fn(worker, shared, unit)
+        busy, target.busy = target.busy, []
+        return value, busy
 
     def close(self) -> None:
         if self._worker is not None:
-            self._worker.target.close()
+            self._loaded.close()  # the wrapper's close() would not reach it
             self._worker = None
 
 
@@ -101,7 +139,9 @@ class RayExecutor(Executor):
         self._ray.get([a.ready.remote() for a in self._actors])
         log.info("ray executor: %d actor(s) hold %s", self.workers, spec.uri)
 
-    def map(self, fn: UnitFn[S, U, R], shared: S, units: Sequence[U]) -> Iterator[R]:
+    def map(
+        self, fn: UnitFn[S, U, R], shared: S, units: Sequence[U], *, clock: ModelClock | None = None
+    ) -> Iterator[R]:
         ray = self._ray
         shared_ref = ray.put(shared)
         load = dict.fromkeys(range(len(self._actors)), 0)
@@ -123,9 +163,12 @@ class RayExecutor(Executor):
                     position, actor = pending.pop(ref)
                     load[actor] -= 1
                     try:
-                        done[position] = ray.get(ref)
+                        done[position], busy = ray.get(ref)
                     except Exception as exc:  # raised at the unit's place in the order, as locally
                         failed[position] = exc
+                        continue
+                    if clock is not None:
+                        _add_busy(clock, busy)
             if index in failed:
                 raise failed[index]
             yield done.pop(index)
@@ -142,3 +185,11 @@ class RayExecutor(Executor):
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
+
+
+def _add_busy(clock: ModelClock, busy: Busy) -> None:
+    """An actor's wall-clock intervals onto the clock's ``perf_counter`` timeline (overlapping calls on
+    two actors count once, as two threads' calls do; across machines the offset is the clocks' skew)."""
+    offset = time.perf_counter() - time.time()
+    for start, end in busy:
+        clock.add(start + offset, end + offset)
