@@ -117,4 +117,11 @@ def test_a_tiny_transformers_vlm_passes(tmp_path_factory: pytest.TempPathFactory
         found = run(vlm, {"load_requests": 4, "disconnect_max_tokens": 400})
     finally:
         vlm.close()
-    assert [f.verdict for f in found] == [Verdict.PASS] * 3, [(f.title, f.message) for f in found]
+    equivalence, latency, disconnect = found
+    assert [equivalence.verdict, latency.verdict] == [Verdict.PASS] * 2, [(f.title, f.message) for f in found]
+    # On an idle machine this 2-layer model can stream all its tokens before the probe's first read
+    # returns (the whole stream lands in one recv), so the probe may honestly say it could not leave
+    # mid-stream; it must never fail. Leaving mid-stream itself is tested on the slow-stream fakes above.
+    assert disconnect.verdict == Verdict.PASS or (
+        disconnect.verdict == Verdict.WARN and "finished before the client left" in disconnect.title
+    ), (disconnect.title, disconnect.message)
