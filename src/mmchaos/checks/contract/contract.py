@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
+from mmchaos.checks.base import ANY_MODALITY, AnyCheck, Check, CheckContext, Gate, Params
 from mmchaos.checks.contract.corpus import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
@@ -46,7 +46,16 @@ from mmchaos.isolation import (
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["CaseOutcome", "Contract", "classify", "replay", "route"]
+__all__ = [
+    "CaseOutcome",
+    "Contract",
+    "classify",
+    "pool_spec",
+    "prefetch_shared_pool",
+    "replay",
+    "route",
+    "worker_load_error",
+]
 
 Outcome = Literal["rejected", "handled", "crashed", "hung", "garbage", "error"]
 
@@ -438,19 +447,12 @@ class Contract(Check[ContractParams, ContractGate]):
         if p.isolation == "subprocess":
             try:
                 with run_pool(
-                    ctx, self._spec(target), _job, workers=self._workers(cases), start_timeout=p.start_timeout_s,
+                    ctx, pool_spec(target, p), _job, workers=self._workers(cases), start_timeout=p.start_timeout_s,
                     overlay=overlay,
                 ) as view:  # fmt: skip
                     outcomes = self._run_cases(ctx, target, cases, view)
             except TargetLoadError as exc:
-                yield self.finding(
-                    ctx,
-                    Verdict.ERROR,
-                    f"the target cannot be loaded in a worker process by its URI {target.uri!r}",
-                    severity=Severity.HIGH,
-                    message=exc.message,
-                    suggestion="give a loadable URI (and target_options), or set isolation: inprocess",
-                )
+                yield worker_load_error(self, ctx, target, exc)
                 return
             runner: PoolView | InProcessRunner = view
         else:
@@ -460,18 +462,12 @@ class Contract(Check[ContractParams, ContractGate]):
         wall = time.perf_counter() - start
         yield from self._findings(ctx, cases, outcomes, base, wall, runner, unsafe)
 
-    def _spec(self, target: Target) -> WorkerSpec:
-        p = self.params
-        return shared_spec(target, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
-
     def _workers(self, cases: list[Case] | None = None) -> int:
         return min(self.params.workers, len(cases)) if cases is not None else self.params.workers
 
     def prepare(self, ctx: CheckContext) -> None:
         """Start the run's worker pool now, so it loads the model while other checks run."""
-        p = self.params
-        if p.isolation == "subprocess":
-            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=p.workers, start_timeout=p.start_timeout_s)
+        prefetch_shared_pool(ctx, self.params)
 
     def _run_cases(
         self, ctx: CheckContext, target: Target, cases: list[Case], runner: PoolView | InProcessRunner
@@ -614,3 +610,27 @@ class Contract(Check[ContractParams, ContractGate]):
             evidence=evidence,
             artifacts=artifacts,
         )
+
+
+def pool_spec(target: Target, p: Any) -> WorkerSpec:
+    """The run's shared worker pool for a check whose params carry ``target_options``,
+    ``threads_per_worker`` and ``memory_limit_mb`` as contract's do (contract, contract_fuzz)."""
+    return shared_spec(target, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+
+
+def prefetch_shared_pool(ctx: CheckContext, p: Any) -> None:
+    """Start the run's worker pool now (a check's ``prepare``), so it loads the model while other checks run."""
+    if p.isolation == "subprocess":
+        prefetch_pool(ctx, pool_spec(unwrap(ctx.target), p), workers=p.workers, start_timeout=p.start_timeout_s)
+
+
+def worker_load_error(check: AnyCheck, ctx: CheckContext, target: Target, exc: TargetLoadError) -> Finding:
+    """The finding of a check whose target cannot be loaded in a worker process by its URI."""
+    return check.finding(
+        ctx,
+        Verdict.ERROR,
+        f"the target cannot be loaded in a worker process by its URI {target.uri!r}",
+        severity=Severity.HIGH,
+        message=exc.message,
+        suggestion="give a loadable URI (and target_options), or set isolation: inprocess",
+    )

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from mmchaos.chaos.spec import BudgetSpec
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
-from mmchaos.checks.contract.contract import _base_sample
+from mmchaos.checks.contract.contract import _base_sample, pool_spec, prefetch_shared_pool, worker_load_error
 from mmchaos.checks.contract.corpus import CorpusBase, select_cases
 from mmchaos.checks.evidence import safe_name
 from mmchaos.errors import TargetLoadError
@@ -34,10 +34,7 @@ from mmchaos.fuzz.worker import fuzz_job, method_for
 from mmchaos.isolation import (
     InProcessRunner,
     PoolView,
-    WorkerSpec,
-    prefetch_pool,
     run_pool,
-    shared_spec,
     worker_spec,
 )
 from mmchaos.targets.base import Target
@@ -190,19 +187,12 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
             try:
                 # The run's shared pool (contract's and determinism's): started once, loaded already.
                 with run_pool(
-                    ctx, self._spec(target), fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s,
+                    ctx, pool_spec(target, p), fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s,
                     overlay=overlay,
                 ) as runner:  # fmt: skip
                     report = self._fuzz(ctx, runner, seeds, config, gate)
             except TargetLoadError as exc:
-                yield self.finding(
-                    ctx,
-                    Verdict.ERROR,
-                    f"the target cannot be loaded in a worker process by its URI {target.uri!r}",
-                    severity=Severity.HIGH,
-                    message=exc.message,
-                    suggestion="give a loadable URI (and target_options), or set isolation: inprocess",
-                )
+                yield worker_load_error(self, ctx, target, exc)
                 return
         else:
             spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
@@ -229,15 +219,9 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
         finally:
             bar.close()
 
-    def _spec(self, target: Target) -> WorkerSpec:
-        p = self.params
-        return shared_spec(target, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
-
     def prepare(self, ctx: CheckContext) -> None:
         """Ask for the run's worker pool now, so it loads the model while other checks run."""
-        p = self.params
-        if p.isolation == "subprocess":
-            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=p.workers, start_timeout=p.start_timeout_s)
+        prefetch_shared_pool(ctx, self.params)
 
     def _schema_phase(
         self, ctx: CheckContext, target: Target, gate: _RequestGate, p: ContractFuzzParams
