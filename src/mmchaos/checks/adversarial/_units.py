@@ -1,0 +1,310 @@
+"""The attack batches of the image attack checks as executor work units, and the functions that run them.
+
+An attack is cut into units of one batch of same-shape samples at one eps: PGD (white-box),
+Square Attack (black-box, and the white-box check's masking comparison) and transfer (PGD on a
+surrogate, replayed on the target). A unit names its samples by position in the attacked set and
+carries its own seed (and, for a query attack, its own share of the query budget), so its result
+does not depend on where or in what order it ran. A unit returns what the driver aggregates:
+per-sample verdicts, counts, and the adversarial images of the samples it flipped (the worst
+cases are drawn from them), all as JSON values for the run store's journal.
+
+Everything a worker needs from the driver travels in the plan (sent once per map): the judge's
+reference embeddings and truths (:class:`JudgeState`), so a worker never asks the target for
+them again, and a black-box run sends exactly the queries it booked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmchaos._lazy import require
+from mmchaos.attacks.gradient import AttackConfig, pgd
+from mmchaos.attacks.losses import embedding_shift_loss, retrieval_loss, unit_tensor, zero_shot_loss
+from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
+from mmchaos.attacks.query import QueryBudget, square_attack
+from mmchaos.checks.adversarial._common import ImageArray, Judge, JudgeState, decode_image, encode_image, on_model
+from mmchaos.data.base import Dataset
+from mmchaos.errors import TargetCallError
+from mmchaos.executors import Worker
+
+__all__ = [
+    "AttackPlan",
+    "PgdResult",
+    "PgdUnit",
+    "SquareResult",
+    "SquareUnit",
+    "TransferUnit",
+    "decode_pgd",
+    "decode_square",
+    "encode_pgd",
+    "encode_square",
+    "run_pgd_unit",
+    "run_square_unit",
+    "run_transfer_unit",
+]
+
+
+@dataclass(frozen=True)
+class AttackPlan:
+    """What every unit of one attack shares; sent once to each worker."""
+
+    check_id: str
+    seed: int
+    indices: tuple[int, ...]
+    """The attacked samples, as positions in the run's dataset."""
+    judge: JudgeState | None
+    batch_size: int
+    clean_ok: tuple[bool, ...] = ()
+    """Per attacked sample: right before any attack (flipped images are returned only for these)."""
+    prepared: bool = False
+    """Attack the target's prepared inputs (its image path's ``prepare``), not the uploaded images."""
+    loss: str = "margin"
+    surrogate: str | None = None
+    """Transfer: the surrogate's target URI (loaded once per worker)."""
+    surrogate_loss: str = ""
+    """Transfer: ``zero_shot`` (class prompts on the surrogate) or ``shift`` (task-free)."""
+    configs: dict[float, AttackConfig] = field(default_factory=dict)
+    """Gradient attacks: the attack at each eps level (grey levels)."""
+    local_surrogate: tuple[Any, ImagePath] | None = field(default=None, compare=False)
+    """Transfer run in this process: the surrogate the driver loaded (never sent to a remote worker)."""
+
+    @property
+    def key(self) -> str:
+        words = f"{self.check_id}|{self.seed}|{self.indices}|{self.prepared}|{self.surrogate}"
+        return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PgdUnit:
+    """PGD at one eps on one batch of same-shape samples (positions in the attacked set)."""
+
+    level: float
+    positions: tuple[int, ...]
+    seed: int
+    """The seed of this batch's random start."""
+
+    @property
+    def key(self) -> str:
+        return f"pgd/eps{self.level:g}/{self.positions[0]}+{len(self.positions)}"
+
+
+TransferUnit = PgdUnit
+"""Transfer units are PGD units (crafted on the surrogate instead of the target)."""
+
+
+@dataclass(frozen=True)
+class SquareUnit:
+    """Square Attack at one eps on one batch, within its own share of the query budget."""
+
+    tag: str
+    level: float
+    positions: tuple[int, ...]
+    seed: int
+    queries_per_image: int
+    allotment: int
+    """Queries this unit may send: the budget is split up front, in unit order."""
+    p_init: float = 0.1
+
+    @property
+    def key(self) -> str:
+        return f"{self.tag}/eps{self.level:g}/{self.positions[0]}+{len(self.positions)}"
+
+
+@dataclass
+class PgdResult:
+    """Per sample of the batch: judged right after the attack, and its zero-gradient steps; the
+    adversarial images of the samples the attack flipped."""
+
+    correct: list[bool]
+    zero_gradient_steps: list[int]
+    flipped: dict[int, ImageArray]
+
+
+@dataclass
+class SquareResult:
+    """Per sample: success and queries; the batch's booking, and the flipped adversarial images."""
+
+    success: list[bool]
+    queries: list[int]
+    used: int
+    calls: int
+    stopped: bool
+    params: dict[str, Any]
+    flipped: dict[int, ImageArray]
+
+
+# --- on a worker ---------------------------------------------------------------------------------
+
+
+def _data(worker: Worker, plan: AttackPlan) -> Dataset:
+    return worker.memo(f"adv/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
+
+
+def _judge(worker: Worker, plan: AttackPlan, budget: QueryBudget | None = None) -> Judge:
+    assert plan.judge is not None
+    return Judge(worker.target, _data(worker, plan), batch_size=plan.batch_size, budget=budget, state=plan.judge)
+
+
+def _path(worker: Worker, plan: AttackPlan) -> ImagePath:
+    """The target's differentiable image path, built as the driver built it (its first clean image)."""
+
+    def make() -> ImagePath:
+        data = _data(worker, plan)
+        path = image_path(worker.target, data[0].load_image())
+        if path is None:
+            raise TargetCallError("the target gives no differentiable image path on this worker", code="attack_no_path")
+        return path
+
+    return worker.memo(f"adv/{plan.key}/path", make)
+
+
+def _inputs(worker: Worker, plan: AttackPlan, positions: tuple[int, ...]) -> list[ImageArray]:
+    data = _data(worker, plan)
+    clean = [data[i].load_image() for i in positions]
+    return _path(worker, plan).inputs(clean) if plan.prepared else clean
+
+
+def _flipped(plan: AttackPlan, positions: tuple[int, ...], wrong: list[bool], images: list[Any]) -> dict[int, Any]:
+    ok = plan.clean_ok or (True,) * len(plan.indices)
+    return {i: img for i, w, img in zip(positions, wrong, images, strict=True) if w and ok[i]}
+
+
+def run_pgd_unit(worker: Worker, plan: AttackPlan, unit: PgdUnit) -> PgdResult:
+    """PGD on the target's own image path, then judged through its public API."""
+    torch = require("torch")
+    path = _path(worker, plan)
+    judge = _judge(worker, plan)
+    inputs = _inputs(worker, plan, unit.positions)
+    part = list(unit.positions)
+    x = to_tensor(inputs, path.device)
+    assert judge.refs is not None
+    refs = unit_tensor(judge.refs, path.device)
+    if judge.kind == "zero_shot":
+        loss = zero_shot_loss(path, refs, [int(judge.truth[i]) for i in part], plan.loss)
+    else:
+        loss = retrieval_loss(path, refs[torch.tensor(part)])
+    gen = torch.Generator(device=path.device)
+    gen.manual_seed(unit.seed)
+    adv, stats = on_model(worker.target, lambda: pgd(loss, x, plan.configs[unit.level], generator=gen))
+    images = to_images(adv)
+    correct = [bool(c) for c in judge.correct(images, part)]
+    return PgdResult(
+        correct, list(stats.zero_gradient_steps), _flipped(plan, unit.positions, [not c for c in correct], images)
+    )
+
+
+def run_square_unit(worker: Worker, plan: AttackPlan, unit: SquareUnit) -> SquareResult:
+    """Square Attack through the target's public API, booking every query on the unit's share."""
+    judge = _judge(worker, plan)
+    inputs = _inputs(worker, plan, unit.positions)
+    budget = QueryBudget(max(1, unit.allotment))
+    if unit.allotment < 1:
+        budget.used = 1  # nothing to spend: the attack stops before its first query
+    part = list(unit.positions)
+    res = square_attack(
+        judge.scorer(part), inputs, unit.level / 255, budget=budget, queries_per_image=unit.queries_per_image,
+        seed=unit.seed, p_init=unit.p_init,
+    )  # fmt: skip
+    success = [bool(s) for s in res.success]
+    used = budget.used if unit.allotment >= 1 else 0
+    return SquareResult(
+        success, [int(q) for q in res.queries], used, budget.calls, bool(res.stopped_by_budget), dict(res.params),
+        _flipped(plan, unit.positions, success, list(res.images)),
+    )  # fmt: skip
+
+
+def _surrogate(worker: Worker, plan: AttackPlan) -> tuple[Any, ImagePath]:
+    """The surrogate target and its image path, loaded once per worker (the target itself when it is one)."""
+
+    if plan.local_surrogate is not None:
+        return plan.local_surrogate
+
+    def make() -> tuple[Any, ImagePath]:
+        from mmchaos.targets import load_target
+        from mmchaos.targets.wrappers import unwrap
+
+        assert plan.surrogate is not None
+        inner = unwrap(worker.target)
+        surrogate = inner if getattr(inner, "uri", "") == plan.surrogate else load_target(plan.surrogate)
+        path = image_path(surrogate, _data(worker, plan)[0].load_image(), exact=False)
+        if path is None:
+            raise TargetCallError(f"the surrogate {plan.surrogate} gives no differentiable image path",
+                                  code="attack_no_path")  # fmt: skip
+        return surrogate, path
+
+    return worker.memo(f"adv/{plan.key}/surrogate", make)
+
+
+def _surrogate_loss(worker: Worker, plan: AttackPlan, surrogate: Any, path: ImagePath) -> Callable[[list[int]], Any]:
+    """The surrogate's loss for a batch (positions): zero-shot margin, or a push away from the clean embedding."""
+    torch = require("torch")
+    data = _data(worker, plan)
+    if plan.surrogate_loss == "zero_shot":
+
+        def make_refs() -> Any:
+            return unit_tensor(
+                surrogate.embed_texts([data.prompt_template.format(c) for c in data.classes]), path.device
+            )
+
+        refs = worker.memo(f"adv/{plan.key}/surrogate-refs", make_refs)
+        index = {c: i for i, c in enumerate(data.classes)}
+        return lambda part: zero_shot_loss(path, refs, [index[data[i].label or ""] for i in part])
+
+    def shift(part: list[int]) -> Any:
+        with torch.no_grad():
+            clean = to_tensor([data[i].load_image() for i in part], path.device)
+            feats = unit_tensor(path.features(clean), path.device)
+        return embedding_shift_loss(path, feats)
+
+    return shift
+
+
+def run_transfer_unit(worker: Worker, plan: AttackPlan, unit: TransferUnit) -> PgdResult:
+    """PGD crafted on the surrogate, replayed on the target through its public API."""
+    torch = require("torch")
+    surrogate, path = _surrogate(worker, plan)
+    judge = _judge(worker, plan)
+    part = list(unit.positions)
+    data = _data(worker, plan)
+    clean = [data[i].load_image() for i in part]
+    make_loss = _surrogate_loss(worker, plan, surrogate, path)
+    gen = torch.Generator(device=path.device)
+    gen.manual_seed(unit.seed)
+    adv, _ = pgd(make_loss(part), to_tensor(clean, path.device), plan.configs[unit.level], generator=gen)
+    images = to_images(adv)
+    correct = [bool(c) for c in judge.correct(images, part)]
+    return PgdResult(correct, [], _flipped(plan, unit.positions, [not c for c in correct], images))
+
+
+# --- JSON codec (the run store's journal) --------------------------------------------------------
+
+
+def _images(flipped: dict[int, ImageArray]) -> dict[str, Any]:
+    return {str(i): encode_image(img) for i, img in flipped.items()}
+
+
+def _from_images(body: dict[str, Any]) -> dict[int, ImageArray]:
+    return {int(i): decode_image(v) for i, v in body.items()}
+
+
+def encode_pgd(r: PgdResult) -> dict[str, Any]:
+    return {"correct": r.correct, "zero": r.zero_gradient_steps, "flipped": _images(r.flipped)}
+
+
+def decode_pgd(body: dict[str, Any]) -> PgdResult:
+    return PgdResult([bool(c) for c in body["correct"]], [int(z) for z in body["zero"]], _from_images(body["flipped"]))
+
+
+def encode_square(r: SquareResult) -> dict[str, Any]:
+    return {"success": r.success, "queries": r.queries, "used": r.used, "calls": r.calls, "stopped": r.stopped,
+            "params": r.params, "flipped": _images(r.flipped)}  # fmt: skip
+
+
+def decode_square(body: dict[str, Any]) -> SquareResult:
+    return SquareResult(
+        [bool(s) for s in body["success"]], [int(q) for q in body["queries"]], int(body["used"]), int(body["calls"]),
+        bool(body["stopped"]), dict(body["params"]), _from_images(body["flipped"]),
+    )  # fmt: skip
