@@ -116,3 +116,35 @@ def test_deepfool_finds_the_exact_distance_to_a_linear_boundary() -> None:
         half = torch.nn.functional.normalize(forward(x0 + 0.5 * result.deltas), dim=-1) @ classes.T
     assert (moved.argmax(1) != labels).all() and (half.argmax(1) == labels).all()
     assert np.allclose(result.l2, result.deltas.reshape(3, -1).norm(dim=1).numpy(), rtol=1e-4)
+
+
+def test_semantic_margin_counts_its_gradient_work_as_model_time(model_dir: Path) -> None:
+    """Before: DeepFool called the torch module directly, outside any model call, so the report's
+    model time left out nearly all of this check's model work."""
+    import time
+
+    from mmchaos.runner import TimedTarget
+    from mmchaos.targets.hf import HFContrastiveTarget
+    from mmchaos.timing import ModelClock
+
+    class RecordingClock(ModelClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spans: list[tuple[float, float]] = []
+
+        def add(self, start: float, end: float) -> None:
+            self.spans.append((start, end))
+            super().add(start, end)
+
+    inner = HFContrastiveTarget(str(model_dir))
+    forwards: list[tuple[float, float]] = []
+    started: list[float] = []
+    tower = inner.model.vision_model
+    tower.register_forward_pre_hook(lambda *a: started.append(time.perf_counter()))
+    tower.register_forward_hook(lambda *a: forwards.append((started.pop(), time.perf_counter())))
+    clock = RecordingClock()
+    params = {"samples": 4, "max_iter": 3, "bisection_steps": 2}
+    run_check_class(SemanticMargin, TimedTarget(inner, clock), params, data=DATA)
+    assert len(forwards) >= 5  # the DeepFool steps and bisections, not just the clean pass
+    uncounted = [f for f in forwards if not any(s <= f[0] and f[1] <= e for s, e in clock.spans)]
+    assert uncounted == []
