@@ -38,6 +38,7 @@ __all__ = [
     "eps_label",
     "eps_values",
     "on_model",
+    "sampled",
     "worst_records",
 ]
 
@@ -87,13 +88,18 @@ class AttackSet:
     kind: str | None
 
 
-def attack_set(ctx: CheckContext, samples: int, *, cap: bool = True) -> AttackSet:
-    """The seeded, label-stratified sample of ``samples`` items (capped by the run's max_samples
-    when ``cap``), its clean images and the judge task that fits it: every attack check's preamble."""
+def sampled(ctx: CheckContext, samples: int, *, cap: bool = True) -> tuple[tuple[int, ...], Dataset]:
+    """The seeded, label-stratified sample of ``samples`` items (capped by the run's max_samples when
+    ``cap``): its positions in the run's dataset (what a worker rebuilds it from) and the sample itself."""
     n = min(ctx.max_samples or samples, samples) if cap else samples
     full = ctx.dataset
     indices = tuple(range(len(full))) if n >= len(full) else tuple(full.sample_indices(n, ctx.seed))
-    data = full.sample(n, ctx.seed)
+    return indices, full.sample(n, ctx.seed)
+
+
+def attack_set(ctx: CheckContext, samples: int, *, cap: bool = True) -> AttackSet:
+    """:func:`sampled`, its clean images and the judge task that fits it: the image attacks' preamble."""
+    indices, data = sampled(ctx, samples, cap=cap)
     clean = [s.load_image() for s in data] if data.has_images else []
     return AttackSet(indices, data, clean, Judge.choose(ctx.target, data))
 
