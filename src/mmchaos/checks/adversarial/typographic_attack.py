@@ -227,8 +227,8 @@ def run_typographic_unit(worker: Worker, plan: _Plan, positions: tuple[int, ...]
     logits = embed(worker.target, "embed_images", images, plan.batch_size) @ class_emb.T
     correct = [i for i, row in zip(positions, logits, strict=True) if int(row.argmax()) == plan.truth[i]]
     attacked: list[tuple[int, str, npt.NDArray[np.uint8], dict[str, Any]]] = []
-    start = [positions[0]] if positions[0] else []
-    rng = seeded_rng(plan.seed, plan.check_id, "typographic", plan.severity, *start)
+    stream = [positions[0]] if positions[0] else []
+    rng = seeded_rng(plan.seed, plan.check_id, "typographic", plan.severity, *stream)
     for i in correct:
         j = positions.index(i)
         for word in attack_words(logits[j], plan.truth[i], classes, plan.words_per_image, rng):
