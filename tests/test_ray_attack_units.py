@@ -1,6 +1,7 @@
 """`--executor ray` for step 3: the attack batches of the white-box, black-box and transfer checks
 run on a local Ray with 2 workers and give the findings of a local run of the same seed, on a
-fragile target (the checks fail) and a robust one (they pass). Skipped where Ray is not installed.
+fragile target (the checks fail) and a robust one (they pass); the text and typographic attacks'
+batches too. Skipped where Ray is not installed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SUITE = {
         {"check": "adversarial_transfer", "gate": {"eps": 8},
          "params": {"surrogate": "py:tests.colour_fakes:fragile", "eps": [8], "steps": 3, "samples": 9,
                     "batch_size": 3}},
+        {"check": "text_attack", "params": {"samples": 9, "batch_size": 4, "query_budget": 20}},
+        {"check": "typographic_attack", "params": {"samples": 9, "batch_size": 4}},
     ],
 }  # fmt: skip
 
@@ -78,8 +81,11 @@ def test_attack_batches_on_ray_give_the_local_findings(
     uri = f"py:tests.colour_fakes:{target}"
     local = _run(tmp_path, "local", uri, colour_folder, None)
     on_ray = _run(tmp_path, "ray", uri, colour_folder, ExecutorSpec("ray", workers=2))
-    by_check = {f["check"]: f for f in local if f["check"] != "adversarial_whitebox" or "masking" not in f["title"]}
-    assert set(by_check) == {"adversarial_whitebox", "adversarial_blackbox", "adversarial_transfer"}
+    image = ("adversarial_whitebox", "adversarial_blackbox", "adversarial_transfer")
+    by_check = {f["check"]: f for f in local if f["check"] in image and "masking" not in f["title"]}
+    assert set(by_check) == set(image)
+    assert {f["check"] for f in local} >= {"text_attack", "typographic_attack"}
+    assert all(f["verdict"] != "error" for f in local), [f["title"] for f in local]
     assert all(f["verdict"] == verdict for f in by_check.values()), [(f["check"], f["title"]) for f in local]
     if verdict == "fail":
         assert any(f["artifact_bytes"] for f in local), "flipped samples are saved as images"

@@ -99,7 +99,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         s = attack_set(ctx, p.samples)
         data = s.data
         if not ctx.target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT):
-            yield self._generative(ctx, data)
+            yield self._generative(ctx, s.indices, data)
             return
         kind, clean = s.kind, s.clean
         path = image_path(ctx.target, clean[0] if clean else None) if clean else None
@@ -175,7 +175,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             white_wrong = {i: not c for i, c in correct[g.eps].items()}
             yield self._masking(ctx, data, path, plan, inputs, clean_ok, white_wrong, stats)
 
-    def _generative(self, ctx: CheckContext, data: Any) -> Finding:
+    def _generative(self, ctx: CheckContext, indices: tuple[int, ...], data: Any) -> Finding:
         """PGD on the answer likelihood of a VLM, judged through ``generate`` (no masking check:
         there is no score to query black-box)."""
         p, g = self.params, self.gate
@@ -183,7 +183,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             why = "a generative target needs a dataset of questions about images (e.g. builtin:vqa)"
             return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
         levels = sorted(set(p.eps) | {g.eps})
-        out = attack_vlm(ctx, data, levels, p.steps, p.random_start)
+        out = attack_vlm(ctx, indices, data, levels, p.steps, p.random_start)
         if isinstance(out, str):
             return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {out}", message=out)
         clean = [s.load_image() for s in data]
