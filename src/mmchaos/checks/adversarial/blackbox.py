@@ -39,7 +39,7 @@ __all__ = ["BlackBox", "BlackBoxGate", "BlackBoxParams"]
 
 class BlackBoxParams(Params):
     eps: list[float] = Field(default_factory=lambda: [4.0, 8.0], description="eps in grey levels (k/255), 1-16")
-    samples: int = Field(8, ge=1, description="samples attacked (the first N): the blast radius")
+    samples: int = Field(8, ge=1, description="samples attacked (seeded, stratified by label): the blast radius")
     queries_per_sample: int = Field(200, ge=2, description="queries one sample may use per eps")
     max_queries: int = Field(5000, ge=1, description="hard cap on every request of this check, all eps together")
     p_init: float = Field(0.1, gt=0, le=1, description="initial share of the image one square covers")

@@ -33,7 +33,7 @@ __all__ = ["SemanticMargin", "SemanticMarginGate", "SemanticMarginParams"]
 
 
 class SemanticMarginParams(Params):
-    samples: int = Field(32, ge=1, description="labelled images measured (the first N of the dataset)")
+    samples: int = Field(32, ge=1, description="labelled images measured (seeded, stratified by label)")
     norm: Literal["linf", "l2"] = Field("linf", description="the norm the margin is measured in")
     max_iter: int = Field(20, ge=1, description="DeepFool steps per image")
     overshoot: float = Field(0.02, ge=0.0, le=1.0, description="DeepFool's overshoot")

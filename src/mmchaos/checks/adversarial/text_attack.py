@@ -43,7 +43,7 @@ class TextAttackParams(Params):
         "vqa (attack a generative VLM's question); auto: zero_shot on labelled images, else retrieval_t2i on "
         "captioned ones, else vqa"
     )  # fmt: skip
-    samples: int = Field(32, ge=1, description="samples attacked (the first N of the dataset)")
+    samples: int = Field(32, ge=1, description="samples attacked (seeded, stratified by label)")
     kinds: list[str] = Field(
         default_factory=lambda: list(EDIT_KINDS), description="edit kinds: synonym, homoglyph, typo"
     )

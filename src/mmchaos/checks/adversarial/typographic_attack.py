@@ -33,7 +33,7 @@ __all__ = ["TypographicAttack", "TypographicAttackGate", "TypographicAttackParam
 
 
 class TypographicAttackParams(Params):
-    samples: int = Field(32, ge=1, description="labelled images attacked (the first N of the dataset)")
+    samples: int = Field(32, ge=1, description="labelled images attacked (seeded, stratified by label)")
     severity: int = Field(3, ge=1, le=5, description="size and opacity of the written word (the typographic table)")
     words_per_image: int = Field(2, ge=1, description="wrong class names tried per image (runner-up first)")
     batch_size: int = Field(64, ge=1)

@@ -62,7 +62,7 @@ class WhiteBoxParams(Params):
     step_size: float | None = Field(None, gt=0, description="per step, in grey levels; default 2.5*eps/steps")
     random_start: bool = True
     loss: str = Field("margin", pattern="^(margin|ce)$", description="zero-shot loss: margin (CW) or ce (saturates)")
-    samples: int = Field(32, ge=1, description="samples of the dataset attacked (the first N)")
+    samples: int = Field(32, ge=1, description="samples attacked (seeded, stratified by label)")
     batch_size: int = Field(32, ge=1)
     worst_cases: int = Field(4, ge=0, description="flipped samples saved as clean/adversarial images")
     masking_check: bool = Field(True, description="compare with a black-box attack at the gate eps")
