@@ -14,7 +14,7 @@ from mmchaos.checks.adversarial.semantic_margin import SemanticMargin
 from mmchaos.checks.adversarial.typographic_attack import TypographicAttack
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Step, Verdict
-from tests.adversarial_fakes import checker_gain, reads_text
+from tests.adversarial_fakes import RecordingClock, checker_gain, reads_text
 from tests.broken_targets import is_trained
 from tests.fakes import HashEmbedTarget
 from tests.support import run_check_class
@@ -125,16 +125,6 @@ def test_semantic_margin_counts_its_gradient_work_as_model_time(model_dir: Path)
 
     from mmchaos.runner import TimedTarget
     from mmchaos.targets.hf import HFContrastiveTarget
-    from mmchaos.timing import ModelClock
-
-    class RecordingClock(ModelClock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.spans: list[tuple[float, float]] = []
-
-        def add(self, start: float, end: float) -> None:
-            self.spans.append((start, end))
-            super().add(start, end)
 
     inner = HFContrastiveTarget(str(model_dir))
     forwards: list[tuple[float, float]] = []
@@ -146,5 +136,4 @@ def test_semantic_margin_counts_its_gradient_work_as_model_time(model_dir: Path)
     params = {"samples": 4, "max_iter": 3, "bisection_steps": 2}
     run_check_class(SemanticMargin, TimedTarget(inner, clock), params, data=DATA)
     assert len(forwards) >= 5  # the DeepFool steps and bisections, not just the clean pass
-    uncounted = [f for f in forwards if not any(s <= f[0] and f[1] <= e for s, e in clock.spans)]
-    assert uncounted == []
+    assert clock.uncounted(forwards) == []

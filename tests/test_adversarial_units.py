@@ -19,7 +19,7 @@ from mmchaos.checks.base import CheckContext
 from mmchaos.executors import StoreJournal
 from mmchaos.runner import TimedTarget
 from mmchaos.store import RunStore
-from mmchaos.timing import ModelClock
+from tests.adversarial_fakes import RecordingClock
 from tests.colour_fakes import ColourTarget, colour_dataset
 
 torch = pytest.importorskip("torch")
@@ -107,20 +107,6 @@ def test_a_resumed_blackbox_spends_no_query_twice(tmp_path: Path) -> None:
     assert _dicts([resumed]) == _dicts([first])
 
 
-class RecordingClock(ModelClock):
-    def __init__(self) -> None:
-        super().__init__()
-        self.spans: list[tuple[float, float]] = []
-
-    def add(self, start: float, end: float) -> None:
-        self.spans.append((start, end))
-        super().add(start, end)
-
-
-def _uncounted(work: list[tuple[float, float]], clock: RecordingClock) -> list[tuple[float, float]]:
-    return [w for w in work if not any(s <= w[0] and w[1] <= e for s, e in clock.spans)]
-
-
 def test_pgd_steps_count_as_model_time() -> None:
     """Before: PGD ran on the torch path outside any model call, so the report's model time left it out."""
     record: list[tuple[float, float]] = []
@@ -130,4 +116,4 @@ def test_pgd_steps_count_as_model_time() -> None:
     check = WhiteBox(WhiteBoxParams.model_validate(params), WhiteBoxGate(eps=4.0))
     list(check.run(CheckContext(target, colour_dataset(6), 0, "adversarial_whitebox")))
     assert len(record) >= 27  # 9 batches x 3 steps
-    assert _uncounted(record, clock) == []
+    assert clock.uncounted(record) == []

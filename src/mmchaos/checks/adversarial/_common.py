@@ -5,6 +5,7 @@ eps labels, images as JSON values, model time for torch work, and the worst-case
 from __future__ import annotations
 
 import base64
+import hashlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,11 +26,13 @@ from mmchaos.tasks.ocr_metrics import cer
 
 if TYPE_CHECKING:
     from mmchaos.checks.base import CheckContext
+    from mmchaos.executors import Worker
 
 __all__ = [
     "AttackSet",
     "Judge",
     "JudgeState",
+    "SampledPlan",
     "attack_set",
     "batches",
     "by_shape",
@@ -102,6 +105,26 @@ def attack_set(ctx: CheckContext, samples: int, *, cap: bool = True) -> AttackSe
     indices, data = sampled(ctx, samples, cap=cap)
     clean = [s.load_image() for s in data] if data.has_images else []
     return AttackSet(indices, data, clean, Judge.choose(ctx.target, data))
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """Base of the attack checks' unit plans (sent once per map): the run seed, the check, and the
+    attacked samples as positions in the run's dataset, from which a worker rebuilds the set."""
+
+    check_id: str
+    seed: int
+    indices: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        """Names what a worker memoises for this plan (the set, a text cache, the image path)."""
+        words = f"{type(self).__name__}|{self.check_id}|{self.seed}|{self.indices}"
+        return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def data(self, worker: Worker) -> Dataset:
+        """The attacked samples, selected once per worker."""
+        return worker.memo(f"{self.key}/data", lambda: worker.dataset.select(self.indices))
 
 
 def on_model(target: Target, fn: Callable[..., R], *args: Any) -> R:

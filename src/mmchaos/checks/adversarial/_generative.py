@@ -10,7 +10,6 @@ public ``generate`` (the VQA task: normalised match with the reference answers).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -21,7 +20,7 @@ from mmchaos._lazy import require
 from mmchaos.attacks.gradient import AttackConfig, pgd
 from mmchaos.attacks.losses import answer_nll_loss
 from mmchaos.attacks.preprocess import DIFFERENTIABLE, MIRROR_TOLERANCE, processor_mirror, to_images, to_tensor
-from mmchaos.checks.adversarial._common import decode_image, encode_image, on_model
+from mmchaos.checks.adversarial._common import SampledPlan, decode_image, encode_image, on_model
 from mmchaos.checks.base import CheckContext
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
@@ -61,17 +60,10 @@ def _vlm_parts(target: Any) -> tuple[Any, Any, Any, Any, str] | str:
 
 
 @dataclass(frozen=True)
-class VlmPlan:
+class VlmPlan(SampledPlan):
     """What every unit of the VLM attack shares; sent once to each worker."""
 
-    check_id: str
-    seed: int
-    indices: tuple[int, ...]
     configs: dict[float, AttackConfig]
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(f"{self.check_id}|{self.seed}|{self.indices}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -102,7 +94,7 @@ def run_vlm_unit(worker: Worker, plan: VlmPlan, unit: VlmUnit) -> VlmResult:
     if isinstance(parts, str):
         raise TargetCallError(f"white-box VLM attack cannot run on this worker: {parts}", code="attack_no_path")
     build, model, tokenizer, mirror, device = parts
-    data = worker.memo(f"vlm/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
+    data = plan.data(worker)
     cfg = plan.configs[unit.level]
     adv = []
     for i in unit.positions:

@@ -15,7 +15,6 @@ them again, and a black-box run sends exactly the queries it booked.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +24,15 @@ from mmchaos.attacks.gradient import AttackConfig, pgd
 from mmchaos.attacks.losses import embedding_shift_loss, retrieval_loss, unit_tensor, zero_shot_loss
 from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
 from mmchaos.attacks.query import QueryBudget, square_attack
-from mmchaos.checks.adversarial._common import ImageArray, Judge, JudgeState, decode_image, encode_image, on_model
-from mmchaos.data.base import Dataset
+from mmchaos.checks.adversarial._common import (
+    ImageArray,
+    Judge,
+    JudgeState,
+    SampledPlan,
+    decode_image,
+    encode_image,
+    on_model,
+)
 from mmchaos.errors import TargetCallError
 from mmchaos.executors import Worker
 
@@ -48,13 +54,9 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class AttackPlan:
+class AttackPlan(SampledPlan):
     """What every unit of one attack shares; sent once to each worker."""
 
-    check_id: str
-    seed: int
-    indices: tuple[int, ...]
-    """The attacked samples, as positions in the run's dataset."""
     judge: JudgeState | None
     batch_size: int
     clean_ok: tuple[bool, ...] = ()
@@ -70,11 +72,6 @@ class AttackPlan:
     """Gradient attacks: the attack at each eps level (grey levels)."""
     local_surrogate: tuple[Any, ImagePath] | None = field(default=None, compare=False)
     """Transfer run in this process: the surrogate the driver loaded (never sent to a remote worker)."""
-
-    @property
-    def key(self) -> str:
-        words = f"{self.check_id}|{self.seed}|{self.indices}|{self.prepared}|{self.surrogate}"
-        return hashlib.sha256(words.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -139,20 +136,16 @@ class SquareResult:
 # --- on a worker ---------------------------------------------------------------------------------
 
 
-def _data(worker: Worker, plan: AttackPlan) -> Dataset:
-    return worker.memo(f"adv/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
-
-
 def _judge(worker: Worker, plan: AttackPlan, budget: QueryBudget | None = None) -> Judge:
     assert plan.judge is not None
-    return Judge(worker.target, _data(worker, plan), batch_size=plan.batch_size, budget=budget, state=plan.judge)
+    return Judge(worker.target, plan.data(worker), batch_size=plan.batch_size, budget=budget, state=plan.judge)
 
 
 def _path(worker: Worker, plan: AttackPlan) -> ImagePath:
     """The target's differentiable image path, built as the driver built it (its first clean image)."""
 
     def make() -> ImagePath:
-        data = _data(worker, plan)
+        data = plan.data(worker)
         path = image_path(worker.target, data[0].load_image())
         if path is None:
             raise TargetCallError("the target gives no differentiable image path on this worker", code="attack_no_path")
@@ -162,7 +155,7 @@ def _path(worker: Worker, plan: AttackPlan) -> ImagePath:
 
 
 def _inputs(worker: Worker, plan: AttackPlan, positions: tuple[int, ...]) -> list[ImageArray]:
-    data = _data(worker, plan)
+    data = plan.data(worker)
     clean = [data[i].load_image() for i in positions]
     return _path(worker, plan).inputs(clean) if plan.prepared else clean
 
@@ -229,7 +222,7 @@ def _surrogate(worker: Worker, plan: AttackPlan) -> tuple[Any, ImagePath]:
         assert plan.surrogate is not None
         inner = unwrap(worker.target)
         surrogate = inner if getattr(inner, "uri", "") == plan.surrogate else load_target(plan.surrogate)
-        path = image_path(surrogate, _data(worker, plan)[0].load_image(), exact=False)
+        path = image_path(surrogate, plan.data(worker)[0].load_image(), exact=False)
         if path is None:
             raise TargetCallError(f"the surrogate {plan.surrogate} gives no differentiable image path",
                                   code="attack_no_path")  # fmt: skip
@@ -241,7 +234,7 @@ def _surrogate(worker: Worker, plan: AttackPlan) -> tuple[Any, ImagePath]:
 def _surrogate_loss(worker: Worker, plan: AttackPlan, surrogate: Any, path: ImagePath) -> Callable[[list[int]], Any]:
     """The surrogate's loss for a batch (positions): zero-shot margin, or a push away from the clean embedding."""
     torch = require("torch")
-    data = _data(worker, plan)
+    data = plan.data(worker)
     if plan.surrogate_loss == "zero_shot":
 
         def make_refs() -> Any:
@@ -268,7 +261,7 @@ def run_transfer_unit(worker: Worker, plan: AttackPlan, unit: TransferUnit) -> P
     surrogate, path = _surrogate(worker, plan)
     judge = _judge(worker, plan)
     part = list(unit.positions)
-    data = _data(worker, plan)
+    data = plan.data(worker)
     clean = [data[i].load_image() for i in part]
     make_loss = _surrogate_loss(worker, plan, surrogate, path)
     gen = torch.Generator(device=path.device)

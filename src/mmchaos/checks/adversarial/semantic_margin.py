@@ -11,7 +11,6 @@ proves fragility, a large one is evidence of robustness, not proof.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +20,7 @@ from pydantic import Field
 
 from mmchaos._lazy import require
 from mmchaos.attacks.semantic import deepfool_margins, pixel_forward
-from mmchaos.checks.adversarial._common import attack_set, decode_image, encode_image, on_model
+from mmchaos.checks.adversarial._common import SampledPlan, attack_set, decode_image, encode_image, on_model
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.errors import TargetCallError
@@ -196,12 +195,9 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
 
 
 @dataclass(frozen=True)
-class MarginPlan:
+class MarginPlan(SampledPlan):
     """What every batch of the margin measurement shares; sent once to each worker."""
 
-    check_id: str
-    seed: int
-    indices: tuple[int, ...]
     class_emb: Any
     """The class prompts' embeddings, computed once on the driver (``(K, D)`` float32)."""
     truth: tuple[int, ...]
@@ -211,10 +207,6 @@ class MarginPlan:
     candidates: int
     bisection_steps: int
     worst_cases: int
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(f"{self.check_id}|{self.seed}|{self.indices}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -235,7 +227,7 @@ def run_margin_unit(worker: Worker, plan: MarginPlan, positions: tuple[int, ...]
     path = worker.memo("semantic/pixel_forward", lambda: pixel_forward(worker.target))
     if isinstance(path, str):
         raise TargetCallError(f"no differentiable image path on this worker: {path}", code="attack_no_path")
-    data = worker.memo(f"semantic/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
+    data = plan.data(worker)
     x0 = path.pixels([data[i].load_image() for i in positions])
     class_emb = torch.nn.functional.normalize(torch.from_numpy(np.asarray(plan.class_emb)), dim=-1).to(x0.device)
     truth = torch.tensor([plan.truth[i] for i in positions]).to(x0.device)

@@ -11,7 +11,6 @@ with :func:`mmchaos.attacks.text.replay`). Which meaning constraint ran is in th
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +20,7 @@ import numpy.typing as npt
 from pydantic import Field, field_validator
 
 from mmchaos.attacks.text import EDIT_KINDS, AttackRecord, MeaningConstraint, greedy_attack
-from mmchaos.checks.adversarial._common import sampled
+from mmchaos.checks.adversarial._common import SampledPlan, sampled
 from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
@@ -315,12 +314,9 @@ Job = tuple[int, str, Callable[[Sequence[str]], npt.NDArray[np.float64]], float]
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Plan(SampledPlan):
     """What every batch of samples shares; sent once to each worker."""
 
-    check_id: str
-    seed: int
-    indices: tuple[int, ...]
     task: str
     images: npt.NDArray[np.float32] | None
     """Unit image embeddings of the whole sampled set (retrieval ranks against all of them); None for vqa."""
@@ -330,10 +326,6 @@ class _Plan:
     max_substitutions: int
     query_budget: int
     batch_size: int
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(f"{self.check_id}|{self.seed}|{self.indices}|{self.task}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -348,7 +340,7 @@ class _Batch:
 
 def run_text_unit(worker: Worker, plan: _Plan, positions: tuple[int, ...]) -> _Batch:
     """Attack the texts of one batch of samples, each from its own seeded stream ``(run seed, check, sample)``."""
-    data = worker.memo(f"text/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
+    data = plan.data(worker)
     # One text cache per worker and set: the units of one worker share what they embedded.
     scorer = worker.memo(f"text/{plan.key}/scorer", lambda: _TextScorer(worker.target, plan.batch_size))
     answerer = _Answerer(worker.target, plan.batch_size)

@@ -11,7 +11,6 @@ part of the object: the targeted rate tells reading from occlusion.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from mmchaos.attacks.typographic import attack_words, render
-from mmchaos.checks.adversarial._common import decode_image, encode_image, sampled
+from mmchaos.checks.adversarial._common import SampledPlan, decode_image, encode_image, sampled
 from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.executors import Worker
@@ -184,12 +183,9 @@ class _Flip:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Plan(SampledPlan):
     """What every batch of the attack shares; sent once to each worker."""
 
-    check_id: str
-    seed: int
-    indices: tuple[int, ...]
     class_emb: Any
     """The class prompts' unit embeddings, computed once on the driver."""
     truth: tuple[int, ...]
@@ -197,10 +193,6 @@ class _Plan:
     words_per_image: int
     batch_size: int
     worst_cases: int
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(f"{self.check_id}|{self.seed}|{self.indices}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -220,7 +212,7 @@ def run_typographic_unit(worker: Worker, plan: _Plan, positions: tuple[int, ...]
     severity, batch start)`` (the first batch's is the check's stream of before units, so a set that
     fits one batch is attacked as it always was): a batch's result does not depend on the others.
     """
-    data = worker.memo(f"typographic/{plan.key}/data", lambda: worker.dataset.select(plan.indices))
+    data = plan.data(worker)
     classes = list(data.classes)
     class_emb = np.asarray(plan.class_emb)
     images = [data[i].load_image() for i in positions]
