@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from mmchaos._lazy import require
 from mmchaos.attacks.gradient import AttackConfig, pgd
 from mmchaos.attacks.losses import embedding_shift_loss, retrieval_loss, unit_tensor, zero_shot_loss
@@ -29,6 +31,7 @@ from mmchaos.checks.adversarial._common import (
     Judge,
     JudgeState,
     SampledPlan,
+    by_shape,
     decode_image,
     encode_image,
     on_model,
@@ -38,6 +41,7 @@ from mmchaos.executors import Worker
 
 __all__ = [
     "AttackPlan",
+    "PgdOutcome",
     "PgdResult",
     "PgdUnit",
     "SquareResult",
@@ -47,6 +51,7 @@ __all__ = [
     "decode_square",
     "encode_pgd",
     "encode_square",
+    "pgd_units",
     "run_pgd_unit",
     "run_square_unit",
     "run_transfer_unit",
@@ -131,6 +136,45 @@ class SquareResult:
     stopped: bool
     params: dict[str, Any]
     flipped: dict[int, ImageArray]
+
+
+def pgd_units(levels: list[float], configs: dict[float, AttackConfig], images: list[Any], size: int) -> list[PgdUnit]:
+    """Every eps x every batch of same-shape images; a batch's random start is seeded by the eps's
+    attack seed plus the batch's start in its shape group (as the attack was seeded before units)."""
+    groups = by_shape(images)
+    return [
+        PgdUnit(level, tuple(group[start : start + size]), configs[level].seed + start)
+        for level in levels
+        for group in groups
+        for start in range(0, len(group), size)
+    ]
+
+
+@dataclass
+class PgdOutcome:
+    """The PGD units of one check, aggregated per eps: verdicts, zero-gradient steps, flipped images."""
+
+    correct: dict[float, dict[int, bool]] = field(default_factory=dict)
+    zero: dict[float, dict[int, int]] = field(default_factory=dict)
+    adv_at: dict[float, dict[int, Any]] = field(default_factory=dict)
+
+    def add(self, unit: PgdUnit, res: PgdResult) -> None:
+        self.correct.setdefault(unit.level, {}).update(zip(unit.positions, res.correct, strict=True))
+        self.zero.setdefault(unit.level, {}).update(zip(unit.positions, res.zero_gradient_steps, strict=False))
+        self.adv_at.setdefault(unit.level, {}).update(res.flipped)
+
+    def curve(self, levels: list[float], clean_ok: Any) -> tuple[dict[float, float], dict[int, float]]:
+        """Robust accuracy per eps (right clean and under attack), and the smallest eps that flips each sample."""
+        robust: dict[float, float] = {}
+        flip_at: dict[int, float] = {}
+        idx = range(len(clean_ok))
+        for level in levels:
+            ok = np.array([self.correct.get(level, {}).get(i, False) for i in idx], bool) & clean_ok
+            robust[level] = float(ok.mean())
+            for i in idx:
+                if clean_ok[i] and not ok[i]:
+                    flip_at.setdefault(i, level)
+        return robust, flip_at
 
 
 # --- on a worker ---------------------------------------------------------------------------------

@@ -21,13 +21,19 @@ from mmchaos.attacks.preprocess import ImagePath, image_path
 from mmchaos.checks.adversarial._common import (
     Judge,
     attack_set,
-    by_shape,
     eps_label,
     eps_values,
     flip_cases,
     worst_records,
 )
-from mmchaos.checks.adversarial._units import AttackPlan, TransferUnit, decode_pgd, encode_pgd, run_transfer_unit
+from mmchaos.checks.adversarial._units import (
+    AttackPlan,
+    PgdOutcome,
+    decode_pgd,
+    encode_pgd,
+    pgd_units,
+    run_transfer_unit,
+)
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets import load_target
@@ -101,31 +107,17 @@ class Transfer(Check[TransferParams, TransferGate]):
                 # In this process the units use the surrogate loaded here (a Ray actor loads its own).
                 local_surrogate=(surrogate, path) if ctx.executor is None else None,
             )  # fmt: skip
-            groups = by_shape(clean)
-            units = [
-                TransferUnit(level, tuple(group[start : start + p.batch_size]), configs[level].seed + start)
-                for level in levels
-                for group in groups
-                for start in range(0, len(group), p.batch_size)
-            ]
-            correct: dict[float, dict[int, bool]] = {level: {} for level in levels}
-            adv_at: dict[float, dict[int, Any]] = {level: {} for level in levels}
+            units = pgd_units(levels, configs, clean, p.batch_size)
+            out = PgdOutcome()
             results = ctx.map_units(run_transfer_unit, plan, units, keys=[u.key for u in units], encode=encode_pgd,
                                     decode=decode_pgd)  # fmt: skip
             for unit, res in zip(units, results, strict=True):
-                correct[unit.level].update(zip(unit.positions, res.correct, strict=True))
-                adv_at[unit.level].update(res.flipped)
+                out.add(unit, res)
         finally:
             if not own:
                 surrogate.close()
-        robust: dict[float, float] = {}
-        flip_at: dict[int, float] = {}
-        for level in levels:
-            ok = np.array([correct[level][i] for i in idx], bool) & clean_ok
-            robust[level] = float(ok.mean())
-            for i in idx:
-                if clean_ok[i] and not ok[i]:
-                    flip_at.setdefault(i, level)
+        robust, flip_at = out.curve(levels, clean_ok)
+        adv_at = out.adv_at
         attacks = [configs[level].describe() for level in levels]
         yield self._finding(ctx, data, judge, path, loss_kind, clean, clean_ok, robust, flip_at, adv_at, attacks, own)
 

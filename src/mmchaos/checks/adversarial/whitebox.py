@@ -37,12 +37,13 @@ from mmchaos.checks.adversarial._common import (
 from mmchaos.checks.adversarial._generative import attack_vlm
 from mmchaos.checks.adversarial._units import (
     AttackPlan,
-    PgdUnit,
+    PgdOutcome,
     SquareUnit,
     decode_pgd,
     decode_square,
     encode_pgd,
     encode_square,
+    pgd_units,
     run_pgd_unit,
     run_square_unit,
 )
@@ -130,36 +131,19 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             ctx.check_id, ctx.seed, s.indices, judge.state(), p.batch_size, tuple(bool(c) for c in clean_ok),
             prepared=True, loss=p.loss, configs=configs,
         )  # fmt: skip
-        groups = by_shape(inputs)
-        # A batch's random start is seeded by its eps and its start in its shape group (as before units).
-        units = [
-            PgdUnit(level, tuple(group[start : start + p.batch_size]), configs[level].seed + start)
-            for level in levels
-            for group in groups
-            for start in range(0, len(group), p.batch_size)
-        ]
-        correct: dict[float, dict[int, bool]] = {level: {} for level in levels}
-        zero: dict[float, dict[int, int]] = {level: {} for level in levels}
-        adv_at: dict[float, dict[int, Any]] = {level: {} for level in levels}
+        units = pgd_units(levels, configs, inputs, p.batch_size)
+        out = PgdOutcome()
         bar = ctx.progress.task(f"{ctx.check_id}: attack batches", total=len(units))
         try:
             results = ctx.map_units(run_pgd_unit, plan, units, keys=[u.key for u in units], encode=encode_pgd,
                                     decode=decode_pgd)  # fmt: skip
             for unit, res in zip(units, results, strict=True):
-                correct[unit.level].update(zip(unit.positions, res.correct, strict=True))
-                zero[unit.level].update(zip(unit.positions, res.zero_gradient_steps, strict=True))
-                adv_at[unit.level].update(res.flipped)
+                out.add(unit, res)
                 bar.advance()
         finally:
             bar.close()
-        flip_at: dict[int, float] = {}
-        robust: dict[float, float] = {}
-        for level in levels:
-            ok = np.array([correct[level][i] for i in idx], bool) & clean_ok
-            robust[level] = float(ok.mean())
-            for i in idx:
-                if clean_ok[i] and not ok[i] and i not in flip_at:
-                    flip_at[i] = level
+        robust, flip_at = out.curve(levels, clean_ok)
+        adv_at, zero, correct = out.adv_at, out.zero, out.correct
         attacks = [configs[level].describe() for level in levels]
         cases = flip_cases(data, flip_at, p.worst_cases)
         for case in cases:
