@@ -11,6 +11,7 @@
 * :func:`checker_gain` (fragile for the semantic margin): tiny-clip whose patch embedding
   also reacts, with a large gain, to the pixel checkerboard pattern -- a non-robust feature that
   clean images barely excite but that a tiny pixel change drives. Its twin is tiny-clip.
+* :class:`RecordingClock`: a model clock that tells whether some model work ran inside a model call.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from mmchaos.data.shapes import COLOURS, SHAPES
 from mmchaos.perturb.text import HOMOGLYPHS
+from mmchaos.timing import ModelClock
 from tests.fakes import DIM, ShapeColourTarget, _text_vector
 
 _UNCONFUSE = {v: k for k, v in HOMOGLYPHS.items()}
@@ -140,3 +142,22 @@ def checker_gain(model_dir: Path, gain: float = 3.0, channels: int = 8) -> Any:
     with torch.no_grad():
         conv.weight[:channels] += gain * checker
     return target
+
+
+# -- model time: a clock that keeps every interval it was given -----------------------------------
+
+
+class RecordingClock(ModelClock):
+    """The runner's model clock, keeping each interval: was a piece of model work inside a model call?"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: list[tuple[float, float]] = []
+
+    def add(self, start: float, end: float) -> None:
+        self.spans.append((start, end))
+        super().add(start, end)
+
+    def uncounted(self, work: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The intervals of ``work`` that no model call of this clock covers."""
+        return [w for w in work if not any(s <= w[0] and w[1] <= e for s, e in self.spans)]

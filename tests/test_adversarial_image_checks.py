@@ -14,7 +14,7 @@ from mmchaos.checks.adversarial.semantic_margin import SemanticMargin
 from mmchaos.checks.adversarial.typographic_attack import TypographicAttack
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Step, Verdict
-from tests.adversarial_fakes import checker_gain, reads_text
+from tests.adversarial_fakes import RecordingClock, checker_gain, reads_text
 from tests.broken_targets import is_trained
 from tests.fakes import HashEmbedTarget
 from tests.support import run_check_class
@@ -116,3 +116,24 @@ def test_deepfool_finds_the_exact_distance_to_a_linear_boundary() -> None:
         half = torch.nn.functional.normalize(forward(x0 + 0.5 * result.deltas), dim=-1) @ classes.T
     assert (moved.argmax(1) != labels).all() and (half.argmax(1) == labels).all()
     assert np.allclose(result.l2, result.deltas.reshape(3, -1).norm(dim=1).numpy(), rtol=1e-4)
+
+
+def test_semantic_margin_counts_its_gradient_work_as_model_time(model_dir: Path) -> None:
+    """Before: DeepFool called the torch module directly, outside any model call, so the report's
+    model time left out nearly all of this check's model work."""
+    import time
+
+    from mmchaos.runner import TimedTarget
+    from mmchaos.targets.hf import HFContrastiveTarget
+
+    inner = HFContrastiveTarget(str(model_dir))
+    forwards: list[tuple[float, float]] = []
+    started: list[float] = []
+    tower = inner.model.vision_model
+    tower.register_forward_pre_hook(lambda *a: started.append(time.perf_counter()))
+    tower.register_forward_hook(lambda *a: forwards.append((started.pop(), time.perf_counter())))
+    clock = RecordingClock()
+    params = {"samples": 4, "max_iter": 3, "bisection_steps": 2}
+    run_check_class(SemanticMargin, TimedTarget(inner, clock), params, data=DATA)
+    assert len(forwards) >= 5  # the DeepFool steps and bisections, not just the clean pass
+    assert clock.uncounted(forwards) == []

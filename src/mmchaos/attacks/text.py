@@ -201,6 +201,19 @@ class AttackRecord:
             "rejected_by_meaning": self.rejected_by_meaning,
         }
 
+    def to_json(self) -> dict[str, Any]:
+        """:meth:`to_dict` with the numbers exact (a work unit's result; :meth:`from_json` reads it back)."""
+        return {**self.to_dict(), "clean_margin": float(self.clean_margin), "margin": float(self.margin),
+                "similarity": float(self.similarity)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AttackRecord:
+        return cls(
+            str(data["original"]), str(data["adversarial"]), [Substitution.from_dict(s) for s in data["substitutions"]],
+            int(data["queries"]), bool(data["success"]), float(data["clean_margin"]), float(data["margin"]),
+            float(data["similarity"]), int(data["rejected_by_meaning"]),
+        )  # fmt: skip
+
 
 def greedy_attack(
     text: str,

@@ -1,10 +1,15 @@
-"""What the adversarial checks share: judging images through the target's public API, grouping
-images by shape, eps labels and the worst-case evidence."""
+"""What the adversarial checks share: the samples they attack, judging images through the target's
+public API (on the driver or, from its :class:`JudgeState`, on a worker), grouping images by shape,
+eps labels, images as JSON values, model time for torch work, and the worst-case evidence."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -16,9 +21,31 @@ from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Artifact
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.wrappers import DelegatingTarget
 from mmchaos.tasks.ocr_metrics import cer
 
-__all__ = ["Judge", "by_shape", "eps_label", "eps_values", "worst_records"]
+if TYPE_CHECKING:
+    from mmchaos.checks.base import CheckContext
+    from mmchaos.executors import Worker
+
+__all__ = [
+    "AttackSet",
+    "Judge",
+    "JudgeState",
+    "SampledPlan",
+    "attack_set",
+    "batches",
+    "by_shape",
+    "decode_image",
+    "encode_image",
+    "eps_label",
+    "eps_values",
+    "on_model",
+    "sampled",
+    "worst_records",
+]
+
+R = TypeVar("R")
 
 ImageArray = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
@@ -44,9 +71,99 @@ def by_shape(images: Sequence[ImageArray]) -> list[list[int]]:
     return list(groups.values())
 
 
+def batches(groups: list[list[int]], size: int) -> list[list[int]]:
+    """Same-shape groups cut into batches of at most ``size`` (the attack batches, in a fixed order)."""
+    return [group[s : s + size] for group in groups for s in range(0, len(group), size)]
+
+
+@dataclass(frozen=True)
+class AttackSet:
+    """The samples an adversarial check attacks: drawn once on the driver, named by position.
+
+    ``indices`` are positions in the run's dataset (a worker rebuilds ``data`` from them);
+    ``clean`` the decoded images (empty when the set has none); ``kind`` the image task a
+    :class:`Judge` would score (None: none fits the target and data).
+    """
+
+    indices: tuple[int, ...]
+    data: Dataset
+    clean: list[ImageArray]
+    kind: str | None
+
+
+def sampled(ctx: CheckContext, samples: int, *, cap: bool = True) -> tuple[tuple[int, ...], Dataset]:
+    """The seeded, label-stratified sample of ``samples`` items (capped by the run's max_samples when
+    ``cap``): its positions in the run's dataset (what a worker rebuilds it from) and the sample itself."""
+    n = min(ctx.max_samples or samples, samples) if cap else samples
+    full = ctx.dataset
+    indices = tuple(range(len(full))) if n >= len(full) else tuple(full.sample_indices(n, ctx.seed))
+    return indices, full.sample(n, ctx.seed)
+
+
+def attack_set(ctx: CheckContext, samples: int, *, cap: bool = True) -> AttackSet:
+    """:func:`sampled`, its clean images and the judge task that fits it: the image attacks' preamble."""
+    indices, data = sampled(ctx, samples, cap=cap)
+    clean = [s.load_image() for s in data] if data.has_images else []
+    return AttackSet(indices, data, clean, Judge.choose(ctx.target, data))
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """Base of the attack checks' unit plans (sent once per map): the run seed, the check, and the
+    attacked samples as positions in the run's dataset, from which a worker rebuilds the set."""
+
+    check_id: str
+    seed: int
+    indices: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        """Names what a worker memoises for this plan (the set, a text cache, the image path)."""
+        words = f"{type(self).__name__}|{self.check_id}|{self.seed}|{self.indices}"
+        return hashlib.sha256(words.encode()).hexdigest()[:16]
+
+    def data(self, worker: Worker) -> Dataset:
+        """The attacked samples, selected once per worker."""
+        return worker.memo(f"{self.key}/data", lambda: worker.dataset.select(self.indices))
+
+
+def on_model(target: Target, fn: Callable[..., R], *args: Any) -> R:
+    """Run ``fn`` (torch work on the target's own module: a gradient attack) as one model call of
+    ``target``, so the runner's model clock (or a Ray actor's) counts it; plain targets just run it."""
+    if isinstance(target, DelegatingTarget):
+        return target.call(fn, *args)
+    return fn(*args)
+
+
+def encode_image(image: ImageArray) -> dict[str, Any]:
+    """A uint8 image as JSON values (a unit result in the run store), exact bytes."""
+    a = np.ascontiguousarray(image, dtype=np.uint8)
+    return {"shape": list(a.shape), "z": base64.b64encode(zlib.compress(a.tobytes(), 6)).decode("ascii")}
+
+
+def decode_image(body: dict[str, Any]) -> ImageArray:
+    raw = zlib.decompress(base64.b64decode(body["z"]))
+    out: ImageArray = np.frombuffer(raw, dtype=np.uint8).reshape(tuple(body["shape"])).copy()
+    return out
+
+
+@dataclass(frozen=True)
+class JudgeState:
+    """What a :class:`Judge` computed on the driver (reference embeddings, truths, clean reads), so
+    a worker judges with it without asking the target for them again (no extra queries)."""
+
+    kind: str
+    refs: npt.NDArray[np.float32] | None
+    truth: tuple[int, ...]
+    clean_reads: tuple[str, ...]
+
+
 def _unit(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     out: npt.NDArray[np.float32] = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
     return out
+
+
+_METRICS = {"zero_shot": "accuracy", "retrieval": "recall@1", "ocr": "unchanged read"}
 
 
 class Judge:
@@ -58,20 +175,33 @@ class Judge:
     """
 
     def __init__(
-        self, target: Target, data: Dataset, *, batch_size: int = 32, budget: QueryBudget | None = None
+        self,
+        target: Target,
+        data: Dataset,
+        *,
+        batch_size: int = 32,
+        budget: QueryBudget | None = None,
+        state: JudgeState | None = None,
     ) -> None:
         self.target = target
         self.data = data
         self.batch_size = batch_size
         self.budget = budget
-        kind = self.choose(target, data)
-        if kind is None:
-            raise TargetCallError("no image task fits this target and dataset", code="attack_no_task")
-        self.kind: str = kind
-        self.metric = {"zero_shot": "accuracy", "retrieval": "recall@1", "ocr": "unchanged read"}[self.kind]
         self.clean_reads: list[str] = []
         self.refs: npt.NDArray[np.float32] | None = None
         self.truth: npt.NDArray[np.int64] = np.arange(len(data))
+        self.kind: str
+        if state is not None:  # rebuilt on a worker: nothing to ask the target
+            self.kind = state.kind
+            self.metric = _METRICS[self.kind]
+            self.refs, self.clean_reads = state.refs, list(state.clean_reads)
+            self.truth = np.asarray(state.truth, dtype=np.int64)
+            return
+        kind = self.choose(target, data)
+        if kind is None:
+            raise TargetCallError("no image task fits this target and dataset", code="attack_no_task")
+        self.kind = kind
+        self.metric = _METRICS[self.kind]
         if self.kind == "zero_shot":
             prompts = [data.prompt_template.format(c) for c in data.classes]
             self.refs = _unit(self._call(target.embed_texts, prompts))
@@ -81,6 +211,10 @@ class Judge:
             self.refs = _unit(self._call(target.embed_texts, [s.caption or "" for s in data]))
         else:
             self.clean_reads = self._read([s.load_image() for s in data])
+
+    def state(self) -> JudgeState:
+        """What a worker needs to judge as this judge does (see :class:`JudgeState`)."""
+        return JudgeState(self.kind, self.refs, tuple(int(t) for t in self.truth), tuple(self.clean_reads))
 
     @staticmethod
     def choose(target: Target, data: Dataset) -> str | None:

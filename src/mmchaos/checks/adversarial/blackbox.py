@@ -16,8 +16,18 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from mmchaos.attacks.query import QueryBudget, square_attack
-from mmchaos.checks.adversarial._common import Judge, by_shape, eps_label, eps_values, flip_cases, worst_records
+from mmchaos.attacks.query import QueryBudget
+from mmchaos.checks.adversarial._common import (
+    Judge,
+    attack_set,
+    batches,
+    by_shape,
+    eps_label,
+    eps_values,
+    flip_cases,
+    worst_records,
+)
+from mmchaos.checks.adversarial._units import AttackPlan, SquareUnit, decode_square, encode_square, run_square_unit
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Finding, Severity, Step, Verdict
@@ -29,7 +39,7 @@ __all__ = ["BlackBox", "BlackBoxGate", "BlackBoxParams"]
 
 class BlackBoxParams(Params):
     eps: list[float] = Field(default_factory=lambda: [4.0, 8.0], description="eps in grey levels (k/255), 1-16")
-    samples: int = Field(8, ge=1, description="samples attacked (the first N): the blast radius")
+    samples: int = Field(8, ge=1, description="samples attacked (seeded, stratified by label): the blast radius")
     queries_per_sample: int = Field(200, ge=2, description="queries one sample may use per eps")
     max_queries: int = Field(5000, ge=1, description="hard cap on every request of this check, all eps together")
     p_init: float = Field(0.1, gt=0, le=1, description="initial share of the image one square covers")
@@ -75,56 +85,69 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.sample(min(ctx.max_samples or p.samples, p.samples), ctx.seed)
-        if Judge.choose(ctx.target, data) is None:
+        s = attack_set(ctx, p.samples)
+        data = s.data
+        if s.kind is None:
             why = "no image task fits this target and dataset (labels, captions or transcriptions)"
             yield self.finding(ctx, Verdict.SKIPPED, f"black-box attack not run: {why}", message=why)
             return
         budget = QueryBudget(p.max_queries)
         judge = Judge(ctx.target, data, batch_size=p.batch_size, budget=budget)
-        clean = [s.load_image() for s in data]
+        clean = s.clean
         idx = list(range(len(data)))
         clean_ok = judge.correct(clean, idx) if judge.kind != "ocr" else np.ones(len(data), bool)
         attacked = [i for i in idx if clean_ok[i]]
         levels = sorted(set(p.eps) | {g.eps})
-        robust: dict[float, float] = {}
-        flip_at: dict[int, float] = {}
-        adv_at: dict[float, dict[int, Any]] = {}
+        plan = AttackPlan(ctx.check_id, ctx.seed, s.indices, judge.state(), p.batch_size,
+                          tuple(bool(c) for c in clean_ok))  # fmt: skip
+        parts = batches([[attacked[j] for j in group] for group in by_shape([clean[i] for i in attacked])],
+                        p.batch_size)  # fmt: skip
+        # The budget left is split up front, in unit order: each batch may spend what it could need
+        # (queries_per_sample per image) while the budget lasts, so no batch waits for another's spend.
+        left = budget.left
+        units: list[SquareUnit] = []
+        for k, level in enumerate(levels):
+            for part in parts:
+                allot = min(p.queries_per_sample * len(part), left)
+                left -= allot
+                seed = int(ctx.rng("square", k, part[0]).integers(2**31))
+                units.append(SquareUnit("square", level, tuple(part), seed, p.queries_per_sample, allot, p.p_init))
+        success: dict[float, dict[int, bool]] = {level: {} for level in levels}
+        adv_at: dict[float, dict[int, Any]] = {level: {} for level in levels}
         runs: list[dict[str, Any]] = []
-        stopped = False
-        bar = ctx.progress.task(f"{ctx.check_id}: eps", total=len(levels))
+        stop_level: float | None = None
+        bar = ctx.progress.task(f"{ctx.check_id}: attack batches", total=len(units))
         try:
-            for k, level in enumerate(levels):
-                adv: dict[int, Any] = {i: clean[i] for i in idx}
-                success = np.zeros(len(data), bool)
-                for group in by_shape([clean[i] for i in attacked]):
-                    part = [attacked[j] for j in group]
-                    seed = int(ctx.rng("square", k, part[0]).integers(2**31))
-                    try:
-                        res = square_attack(
-                            judge.scorer(part), [clean[i] for i in part], level / 255, budget=budget,
-                            queries_per_image=p.queries_per_sample, seed=seed, p_init=p.p_init,
-                        )  # fmt: skip
-                    except TargetCallError as exc:
-                        if exc.code != "attack_budget_spent":
-                            raise
-                        stopped = True
-                        break
-                    stopped = stopped or res.stopped_by_budget
-                    for i, image, ok in zip(part, res.images, res.success, strict=True):
-                        adv[i], success[i] = image, bool(ok)
-                    runs.append({**res.params, "eps_255": level, "samples": len(part),
-                                 "succeeded": int(res.success.sum()), "queries": int(res.queries.sum())})  # fmt: skip
-                robust[level] = float((clean_ok & ~success).mean())
-                adv_at[level] = adv
-                for hit in np.flatnonzero(success).tolist():
-                    flip_at.setdefault(int(hit), level)
+            results = ctx.map_units(run_square_unit, plan, units, keys=[u.key for u in units],
+                                    encode=encode_square, decode=decode_square)  # fmt: skip
+            for unit, res in zip(units, results, strict=True):
+                if stop_level is not None:
+                    if unit.level != stop_level:
+                        break  # the budget ran out at an earlier eps: later ones are not reported
+                    continue
+                budget.used += res.used
+                budget.calls += res.calls
+                success[unit.level].update(zip(unit.positions, res.success, strict=True))
+                adv_at[unit.level].update(res.flipped)
+                runs.append({**res.params, "eps_255": unit.level, "samples": len(unit.positions),
+                             "succeeded": sum(res.success), "queries": sum(res.queries)})  # fmt: skip
+                if res.stopped:
+                    stop_level = unit.level
                 bar.advance()
-                if stopped:
-                    break
         finally:
             bar.close()
-        yield self._finding(ctx, data, judge, clean, clean_ok, robust, flip_at, adv_at, runs, budget, stopped)
+        robust: dict[float, float] = {}
+        flip_at: dict[int, float] = {}
+        for level in levels:
+            hit = np.array([success[level].get(i, False) for i in idx], bool)
+            robust[level] = float((clean_ok & ~hit).mean())
+            for i in np.flatnonzero(hit).tolist():
+                flip_at.setdefault(int(i), level)
+            if level == stop_level:
+                break
+        adv_full = {lv: {i: adv.get(i, clean[i]) for i in idx} for lv, adv in adv_at.items() if lv in robust}
+        stopped = stop_level is not None
+        yield self._finding(ctx, data, judge, clean, clean_ok, robust, flip_at, adv_full, runs, budget, stopped)
 
     def _finding(
         self,

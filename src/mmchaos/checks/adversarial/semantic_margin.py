@@ -12,6 +12,7 @@ proves fragility, a large one is evidence of robustness, not proof.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -19,8 +20,11 @@ from pydantic import Field
 
 from mmchaos._lazy import require
 from mmchaos.attacks.semantic import deepfool_margins, pixel_forward
+from mmchaos.checks.adversarial._common import SampledPlan, attack_set, decode_image, encode_image, on_model
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
+from mmchaos.errors import TargetCallError
+from mmchaos.executors import Worker
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 
@@ -28,7 +32,7 @@ __all__ = ["SemanticMargin", "SemanticMarginGate", "SemanticMarginParams"]
 
 
 class SemanticMarginParams(Params):
-    samples: int = Field(32, ge=1, description="labelled images measured (the first N of the dataset)")
+    samples: int = Field(32, ge=1, description="labelled images measured (seeded, stratified by label)")
     norm: Literal["linf", "l2"] = Field("linf", description="the norm the margin is measured in")
     max_iter: int = Field(20, ge=1, description="DeepFool steps per image")
     overshoot: float = Field(0.02, ge=0.0, le=1.0, description="DeepFool's overshoot")
@@ -59,8 +63,8 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        torch = require("torch")
-        data = ctx.dataset.sample(p.samples, ctx.seed)
+        s = attack_set(ctx, p.samples, cap=False)
+        data = s.data
         if not (data.has_images and data.has_labels and len(data.classes) >= 2):
             yield self.finding(
                 ctx, Verdict.SKIPPED, "semantic margin: the dataset has no labelled images of two or more classes",
@@ -74,37 +78,27 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
         classes = list(data.classes)
         prompts = [data.prompt_template.format(c) for c in classes]
         text = np.asarray(ctx.target.embed_texts(prompts), dtype=np.float32)
-        class_emb = torch.nn.functional.normalize(torch.from_numpy(text), dim=-1)
-        images = [s.load_image() for s in data]
-        truth = torch.tensor([classes.index(s.label or "") for s in data])
-        parts, x_parts = [], []
-        bar = ctx.progress.task(f"{ctx.check_id}: images", total=len(images))
+        truth = np.array([classes.index(s.label or "") for s in data], dtype=np.int64)
+        plan = MarginPlan(ctx.check_id, ctx.seed, s.indices, text, tuple(int(t) for t in truth), p.norm, p.max_iter,
+                          p.overshoot, p.candidates, p.bisection_steps, p.worst_cases)  # fmt: skip
+        units = [
+            tuple(range(start, min(start + p.batch_size, len(data)))) for start in range(0, len(data), p.batch_size)
+        ]
+        parts: list[MarginBatch] = []
+        bar = ctx.progress.task(f"{ctx.check_id}: images", total=len(data))
         try:
-            for start in range(0, len(images), p.batch_size):
-                x0 = path.pixels(images[start : start + p.batch_size])
-                class_emb = class_emb.to(x0.device)
-                parts.append(deepfool_margins(
-                    path.forward, x0, truth[start : start + p.batch_size].to(x0.device), class_emb, norm=p.norm,
-                    max_iter=p.max_iter, overshoot=p.overshoot, candidates=p.candidates,
-                    bisection_steps=p.bisection_steps,
-                ))  # fmt: skip
-                x_parts.append(x0.detach().cpu())
-                bar.advance(int(x0.shape[0]))
+            for part in ctx.map_units(run_margin_unit, plan, units, keys=[f"margin/{u[0]}+{len(u)}" for u in units],
+                                      encode=_encode_margin, decode=_decode_margin):  # fmt: skip
+                parts.append(part)
+                bar.advance(len(part.correct))
         finally:
             bar.close()
         # Images wrong before any attack have no margin to measure (they are counted, not gated).
-        with torch.no_grad():
-            x_all = torch.cat(x_parts)
-            clean_pred = torch.cat([
-                (torch.nn.functional.normalize(path.forward(x_all[i : i + p.batch_size].to(class_emb.device)), dim=-1)
-                 @ class_emb.T).argmax(1).cpu()
-                for i in range(0, len(x_all), p.batch_size)
-            ])  # fmt: skip
-        correct = (clean_pred == truth).numpy()
-        l2 = np.concatenate([r.l2 for r in parts])
-        linf = np.concatenate([r.linf for r in parts])
-        to = np.concatenate([r.flipped_to for r in parts])
-        deltas = torch.cat([r.deltas.cpu() for r in parts])
+        correct = np.array([c for r in parts for c in r.correct], bool)
+        l2 = np.array([v for r in parts for v in r.l2], np.float64)
+        linf = np.array([v for r in parts for v in r.linf], np.float64)
+        to = np.array([v for r in parts for v in r.flipped_to], np.int64)
+        shown = {i: pair for r in parts for i, pair in r.shown.items()}
         unit = 255.0 if p.norm == "linf" else 1.0
         margins = (linf if p.norm == "linf" else l2) * unit
         idx = np.flatnonzero(correct)
@@ -145,7 +139,7 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
         weakest = min(per_class, key=lambda c: per_class[c])
         metrics["worst_class_median"] = per_class[weakest]
         evidence["weakest_class"] = weakest
-        worst, artifacts = self._worst(ctx, data, idx, margins, to, classes, truth, x_all, deltas)
+        worst, artifacts = self._worst(ctx, data, idx, margins, to, classes, truth, shown)
         evidence.update({"perturbation": "semantic_margin", "metric": f"{p.norm} margin", "worst_cases": worst})
         floor = g.min_median_linf if p.norm == "linf" else g.min_median_l2
         unit_name = "/255" if p.norm == "linf" else " (L2)"
@@ -171,7 +165,7 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
 
     def _worst(
         self, ctx: CheckContext, data: Any, idx: Any, margins: Any, to: Any, classes: list[str], truth: Any,
-        x_all: Any, deltas: Any,
+        shown: dict[int, tuple[Any, Any]],
     ) -> tuple[list[dict[str, Any]], list[Artifact]]:  # fmt: skip
         records: list[dict[str, Any]] = []
         artifacts: list[Artifact] = []
@@ -181,8 +175,7 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
             if not np.isfinite(margins[i]):
                 break
             stem = safe_name(f"{ctx.check_id}-worst{rank:02d}-{data[i].id}")
-            clean = _to_uint8(x_all[i])
-            moved = _to_uint8((x_all[i] + deltas[i]).clamp(0, 1))
+            clean, moved = shown[i]
             records.append({
                 "rank": rank, "sample": data[i].id, "index": int(i), "margin": round(float(margins[i]), 6),
                 "severity": f" margin {float(margins[i]):.3g}{unit}", "truth": classes[int(truth[i])],
@@ -199,6 +192,85 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
                 image_artifact(f"{stem}-clean-moved.png", np.concatenate([clean, gap, moved], axis=1)),
             ]
         return records, artifacts
+
+
+@dataclass(frozen=True)
+class MarginPlan(SampledPlan):
+    """What every batch of the margin measurement shares; sent once to each worker."""
+
+    class_emb: Any
+    """The class prompts' embeddings, computed once on the driver (``(K, D)`` float32)."""
+    truth: tuple[int, ...]
+    norm: str
+    max_iter: int
+    overshoot: float
+    candidates: int
+    bisection_steps: int
+    worst_cases: int
+
+
+@dataclass
+class MarginBatch:
+    """Per image of a batch: right before the attack, its margins and where it moved; the clean and
+    moved images (tower resolution, uint8) of the batch's smallest margins, the worst-case candidates."""
+
+    correct: list[bool]
+    l2: list[float]
+    linf: list[float]
+    flipped_to: list[int]
+    shown: dict[int, tuple[Any, Any]]
+
+
+def run_margin_unit(worker: Worker, plan: MarginPlan, positions: tuple[int, ...]) -> MarginBatch:
+    """DeepFool and bisection on one batch, through the worker's target (its torch work is model time)."""
+    torch = require("torch")
+    path = worker.memo("semantic/pixel_forward", lambda: pixel_forward(worker.target))
+    if isinstance(path, str):
+        raise TargetCallError(f"no differentiable image path on this worker: {path}", code="attack_no_path")
+    data = plan.data(worker)
+    x0 = path.pixels([data[i].load_image() for i in positions])
+    class_emb = torch.nn.functional.normalize(torch.from_numpy(np.asarray(plan.class_emb)), dim=-1).to(x0.device)
+    truth = torch.tensor([plan.truth[i] for i in positions]).to(x0.device)
+
+    def measure() -> tuple[Any, Any]:
+        result = deepfool_margins(
+            path.forward, x0, truth, class_emb, norm=plan.norm, max_iter=plan.max_iter,  # type: ignore[arg-type]
+            overshoot=plan.overshoot, candidates=plan.candidates, bisection_steps=plan.bisection_steps,
+        )  # fmt: skip
+        with torch.no_grad():
+            pred = (torch.nn.functional.normalize(path.forward(x0), dim=-1) @ class_emb.T).argmax(1)
+        return result, pred
+
+    result, pred = on_model(worker.target, measure)
+    correct = (pred.cpu() == truth.cpu()).numpy()
+    margins = (result.linf * 255.0) if plan.norm == "linf" else result.l2
+    order = sorted((j for j in range(len(positions)) if correct[j] and np.isfinite(margins[j])),
+                   key=lambda j: (margins[j], positions[j]))[: plan.worst_cases]  # fmt: skip
+    x_cpu, deltas = x0.detach().cpu(), result.deltas.detach().cpu()
+    shown = {positions[j]: (_to_uint8(x_cpu[j]), _to_uint8((x_cpu[j] + deltas[j]).clamp(0, 1))) for j in order}
+    return MarginBatch(
+        [bool(c) for c in correct], [float(v) for v in result.l2], [float(v) for v in result.linf],
+        [int(v) for v in result.flipped_to], shown,
+    )  # fmt: skip
+
+
+def _finite(v: float) -> float | None:
+    return v if np.isfinite(v) else None
+
+
+def _encode_margin(r: MarginBatch) -> dict[str, Any]:
+    return {"correct": r.correct, "l2": [_finite(v) for v in r.l2], "linf": [_finite(v) for v in r.linf],
+            "to": r.flipped_to,
+            "shown": {str(i): [encode_image(c), encode_image(m)] for i, (c, m) in r.shown.items()}}  # fmt: skip
+
+
+def _decode_margin(body: dict[str, Any]) -> MarginBatch:
+    inf = float("inf")
+    return MarginBatch(
+        [bool(c) for c in body["correct"]], [inf if v is None else float(v) for v in body["l2"]],
+        [inf if v is None else float(v) for v in body["linf"]], [int(v) for v in body["to"]],
+        {int(i): (decode_image(c), decode_image(m)) for i, (c, m) in body["shown"].items()},
+    )  # fmt: skip
 
 
 def _to_uint8(x: Any) -> Any:

@@ -12,6 +12,7 @@ with :func:`mmchaos.attacks.text.replay`). Which meaning constraint ran is in th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -19,9 +20,11 @@ import numpy.typing as npt
 from pydantic import Field, field_validator
 
 from mmchaos.attacks.text import EDIT_KINDS, AttackRecord, MeaningConstraint, greedy_attack
-from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.adversarial._common import SampledPlan, sampled
+from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
+from mmchaos.executors import Worker
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
@@ -39,7 +42,7 @@ class TextAttackParams(Params):
         "vqa (attack a generative VLM's question); auto: zero_shot on labelled images, else retrieval_t2i on "
         "captioned ones, else vqa"
     )  # fmt: skip
-    samples: int = Field(32, ge=1, description="samples attacked (the first N of the dataset)")
+    samples: int = Field(32, ge=1, description="samples attacked (seeded, stratified by label)")
     kinds: list[str] = Field(
         default_factory=lambda: list(EDIT_KINDS), description="edit kinds: synonym, homoglyph, typo"
     )
@@ -162,7 +165,7 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        data = ctx.dataset.sample(p.samples, ctx.seed)
+        indices, data = sampled(ctx, p.samples, cap=False)
         task = self._task(data, ctx.target)
         if task is None:
             yield self.finding(
@@ -171,64 +174,28 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
                 "(both: a target that embeds images and texts); vqa a generative target and questions about images",
             )  # fmt: skip
             return
-        scorer = _TextScorer(ctx.target, p.batch_size)
-        answerer = _Answerer(ctx.target, p.batch_size)
-        if task == "vqa":
-            jobs = self._vqa_jobs(data, answerer)
-        else:
+        images = None
+        if task != "vqa":
             images = embed(ctx.target, "embed_images", [s.load_image() for s in data], p.batch_size)
-            jobs = self._jobs(task, data, images, scorer)
+        plan = _Plan(ctx.check_id, ctx.seed, indices, task, images, self.constraint, tuple(p.kinds), p.per_word,
+                     p.max_substitutions, p.query_budget, p.batch_size)  # fmt: skip
+        units = [tuple(range(s, min(s + p.batch_size, len(data)))) for s in range(0, len(data), p.batch_size)]
         records: list[tuple[int, AttackRecord]] = []
-        bar = ctx.progress.task(f"{ctx.check_id}: samples", total=len(jobs))
+        answers: dict[tuple[int, str], str] = {}
+        refused = 0
+        bar = ctx.progress.task(f"{ctx.check_id}: samples", total=len(data))
         try:
-            for i, text, score, clean_margin in jobs:
-                if clean_margin < 0:
-                    bar.advance()
-                    continue  # wrong before any attack: nothing to change
-                record = greedy_attack(
-                    text, score, ctx.rng("text_attack", i), constraint=self.constraint, kinds=p.kinds,
-                    per_word=p.per_word, max_substitutions=p.max_substitutions, query_budget=p.query_budget,
-                    clean_margin=clean_margin,
-                )  # fmt: skip
-                records.append((i, record))
-                bar.advance()
+            for unit, res in zip(units, ctx.map_units(
+                run_text_unit, plan, units, keys=[f"text/{u[0]}+{len(u)}" for u in units], encode=_encode,
+                decode=_decode,
+            ), strict=True):  # fmt: skip
+                records += res.records
+                answers.update(res.answers)
+                refused += res.refused
+                bar.advance(len(unit))
         finally:
             bar.close()
-        yield self._finding(ctx, task, data, records, scorer, answerer)
-
-    def _jobs(
-        self, task: str, data: Dataset, images: npt.NDArray[np.float32], scorer: _TextScorer
-    ) -> list[tuple[int, str, Callable[[Sequence[str]], npt.NDArray[np.float64]], float]]:
-        """Per sample: (index, text attacked, scorer of edited texts, clean margin)."""
-        jobs = []
-        if task == "zero_shot":
-            prompts = [data.prompt_template.format(c) for c in data.classes]
-            class_emb, _ = scorer.embed(prompts)
-            logits = images @ class_emb.T
-            for i, s in enumerate(data):
-                y = data.classes.index(s.label or "")
-                rival = float(np.delete(logits[i], y).max())
-                jobs.append((i, prompts[y], _margin(scorer, images[i], rival), float(logits[i, y]) - rival))
-            return jobs
-        captions = [s.caption or "" for s in data]
-        cap_emb, _ = scorer.embed(captions)
-        sims = cap_emb @ images.T
-        for i in range(len(data)):
-            others = np.delete(images, i, axis=0)
-            jobs.append((i, captions[i], _retrieval_margin(scorer, images[i], others),
-                         float(sims[i, i] - np.delete(sims[i], i).max())))  # fmt: skip
-        return jobs
-
-    def _vqa_jobs(
-        self, data: Dataset, answerer: _Answerer
-    ) -> list[tuple[int, str, Callable[[Sequence[str]], npt.NDArray[np.float64]], float]]:
-        """Per sample: the question, a scorer (confidence of a right answer, -1 once wrong), its clean score."""
-        jobs = []
-        for i, s in enumerate(data):
-            refs = [s.answer or "", *[str(a) for a in s.meta.get("answers", ())]]
-            score = answerer.scorer(s.load_image(), refs, key=i)
-            jobs.append((i, s.question or "", score, float(score([s.question or ""])[0])))
-        return jobs
+        yield self._finding(ctx, task, data, records, refused, answers)
 
     def _finding(
         self,
@@ -236,8 +203,8 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
         task: str,
         data: Dataset,
         records: list[tuple[int, AttackRecord]],
-        scorer: _TextScorer,
-        answerer: _Answerer,
+        refused: int,
+        answers: dict[tuple[int, str], str],
     ) -> Finding:
         p, g = self.params, self.gate
         n = len(records)
@@ -250,7 +217,7 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
             "mean_queries_per_success": float(np.mean([r.queries for r in wins])) if wins else 0.0,
             "mean_queries": float(np.mean([r.queries for _, r in records])) if records else 0.0,
             "rejected_by_meaning": float(sum(r.rejected_by_meaning for _, r in records)),
-            "refused_texts": float(scorer.refused + answerer.refused),
+            "refused_texts": float(refused),
         }
         if wins and self.constraint.active:
             metrics["mean_similarity_of_success"] = float(np.mean([r.similarity for r in wins]))
@@ -270,8 +237,8 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
         ]  # fmt: skip
         for example in examples:
             if task == "vqa":
-                example["clean_answer"] = answerer.answers.get((example["index"], example["original"]), "")
-                example["adversarial_answer"] = answerer.answers.get((example["index"], example["adversarial"]), "")
+                example["clean_answer"] = answers.get((example["index"], example["original"]), "")
+                example["adversarial_answer"] = answers.get((example["index"], example["adversarial"]), "")
         evidence: dict[str, Any] = {
             "attack": "greedy word/character substitution (TextFooler-style, Jin et al. 2020) under a query budget",
             "task": task,
@@ -340,3 +307,110 @@ def _retrieval_margin(
         return np.where(ok, emb @ image - (emb @ others.T).max(axis=1), np.inf).astype(np.float64)
 
     return score
+
+
+Job = tuple[int, str, Callable[[Sequence[str]], npt.NDArray[np.float64]], float]
+"""(position, text attacked, scorer of edited texts, clean margin)."""
+
+
+@dataclass(frozen=True)
+class _Plan(SampledPlan):
+    """What every batch of samples shares; sent once to each worker."""
+
+    task: str
+    images: npt.NDArray[np.float32] | None
+    """Unit image embeddings of the whole sampled set (retrieval ranks against all of them); None for vqa."""
+    constraint: MeaningConstraint
+    kinds: tuple[str, ...]
+    per_word: int
+    max_substitutions: int
+    query_budget: int
+    batch_size: int
+
+
+@dataclass
+class _Batch:
+    """The attacks of one batch of samples (those right before the attack), the answers a VQA
+    example shows, and the texts the target refused."""
+
+    records: list[tuple[int, AttackRecord]]
+    answers: dict[tuple[int, str], str]
+    refused: int
+
+
+def run_text_unit(worker: Worker, plan: _Plan, positions: tuple[int, ...]) -> _Batch:
+    """Attack the texts of one batch of samples, each from its own seeded stream ``(run seed, check, sample)``."""
+    data = plan.data(worker)
+    # One text cache per worker and set: the units of one worker share what they embedded.
+    scorer = worker.memo(f"text/{plan.key}/scorer", lambda: _TextScorer(worker.target, plan.batch_size))
+    answerer = _Answerer(worker.target, plan.batch_size)
+    refused_before = scorer.refused
+    if plan.task == "vqa":
+        jobs = _vqa_jobs(data, answerer, positions)
+    else:
+        assert plan.images is not None
+        jobs = _jobs(plan.task, data, plan.images, scorer, positions)
+    records: list[tuple[int, AttackRecord]] = []
+    for i, text, score, clean_margin in jobs:
+        if clean_margin < 0:
+            continue  # wrong before any attack: nothing to change
+        record = greedy_attack(
+            text, score, seeded_rng(plan.seed, plan.check_id, "text_attack", i), constraint=plan.constraint,
+            kinds=plan.kinds, per_word=plan.per_word, max_substitutions=plan.max_substitutions,
+            query_budget=plan.query_budget, clean_margin=clean_margin,
+        )  # fmt: skip
+        records.append((i, record))
+    answers: dict[tuple[int, str], str] = {}
+    for i, r in records:
+        if r.success:
+            for q in (r.original, r.adversarial):
+                if (i, q) in answerer.answers:
+                    answers[(i, q)] = answerer.answers[(i, q)]
+    return _Batch(records, answers, scorer.refused - refused_before + answerer.refused)
+
+
+def _jobs(
+    task: str, data: Dataset, images: npt.NDArray[np.float32], scorer: _TextScorer, positions: Sequence[int]
+) -> list[Job]:
+    """Per sample of ``positions``: (index, text attacked, scorer of edited texts, clean margin)."""
+    jobs: list[Job] = []
+    if task == "zero_shot":
+        prompts = [data.prompt_template.format(c) for c in data.classes]
+        class_emb, _ = scorer.embed(prompts)
+        logits = (images @ class_emb.T)[list(positions)]  # the whole product: the same bits on any split
+        for row, i in zip(logits, positions, strict=True):
+            y = data.classes.index(data[i].label or "")
+            rival = float(np.delete(row, y).max())
+            jobs.append((i, prompts[y], _margin(scorer, images[i], rival), float(row[y]) - rival))
+        return jobs
+    captions = [s.caption or "" for s in data]
+    cap_emb, _ = scorer.embed(captions)
+    sims = cap_emb @ images.T
+    for i in positions:
+        others = np.delete(images, i, axis=0)
+        jobs.append((i, captions[i], _retrieval_margin(scorer, images[i], others),
+                     float(sims[i, i] - np.delete(sims[i], i).max())))  # fmt: skip
+    return jobs
+
+
+def _vqa_jobs(data: Dataset, answerer: _Answerer, positions: Sequence[int]) -> list[Job]:
+    """Per sample: the question, a scorer (confidence of a right answer, -1 once wrong), its clean score."""
+    jobs: list[Job] = []
+    for i in positions:
+        s = data[i]
+        refs = [s.answer or "", *[str(a) for a in s.meta.get("answers", ())]]
+        score = answerer.scorer(s.load_image(), refs, key=i)
+        jobs.append((i, s.question or "", score, float(score([s.question or ""])[0])))
+    return jobs
+
+
+def _encode(b: _Batch) -> dict[str, Any]:
+    return {"records": [[i, r.to_json()] for i, r in b.records],
+            "answers": [[i, q, a] for (i, q), a in b.answers.items()], "refused": b.refused}  # fmt: skip
+
+
+def _decode(body: dict[str, Any]) -> _Batch:
+    return _Batch(
+        [(int(i), AttackRecord.from_json(r)) for i, r in body["records"]],
+        {(int(i), str(q)): str(a) for i, q, a in body["answers"]}, int(body["refused"]),
+    )  # fmt: skip

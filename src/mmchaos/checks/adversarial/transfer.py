@@ -16,11 +16,24 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from mmchaos._lazy import require
-from mmchaos.attacks.gradient import AttackConfig, pgd
-from mmchaos.attacks.losses import embedding_shift_loss, unit_tensor, zero_shot_loss
-from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
-from mmchaos.checks.adversarial._common import Judge, by_shape, eps_label, eps_values, flip_cases, worst_records
+from mmchaos.attacks.gradient import AttackConfig
+from mmchaos.attacks.preprocess import ImagePath, image_path
+from mmchaos.checks.adversarial._common import (
+    Judge,
+    attack_set,
+    eps_label,
+    eps_values,
+    flip_cases,
+    worst_records,
+)
+from mmchaos.checks.adversarial._units import (
+    AttackPlan,
+    PgdOutcome,
+    decode_pgd,
+    encode_pgd,
+    pgd_units,
+    run_transfer_unit,
+)
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets import load_target
@@ -63,12 +76,12 @@ class Transfer(Check[TransferParams, TransferGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.sample(min(ctx.max_samples or p.samples, p.samples), ctx.seed)
-        if Judge.choose(ctx.target, data) is None:
+        s = attack_set(ctx, p.samples)
+        data, clean = s.data, s.clean
+        if s.kind is None:
             why = "no image task fits this target and dataset (labels, captions or transcriptions)"
             yield self.finding(ctx, Verdict.SKIPPED, f"transfer attack not run: {why}", message=why)
             return
-        clean = [s.load_image() for s in data]
         own = getattr(unwrap(ctx.target), "uri", "") == p.surrogate
         surrogate: Target = unwrap(ctx.target) if own else load_target(p.surrogate)
         try:
@@ -80,58 +93,33 @@ class Transfer(Check[TransferParams, TransferGate]):
             judge = Judge(ctx.target, data, batch_size=p.batch_size)
             idx = list(range(len(data)))
             clean_ok = judge.correct(clean, idx) if judge.kind != "ocr" else np.ones(len(data), bool)
-            loss_kind, make_loss = self._loss(surrogate, path, data, clean)
+            zero_shot = data.has_labels and len(data.classes) > 1 and surrogate.has(Capability.EMBED_TEXT)
+            loss_kind = ("zero-shot margin loss on the surrogate" if zero_shot
+                         else "embedding shift on the surrogate (task-free)")  # fmt: skip
             levels = sorted(set(p.eps) | {g.eps})
-            robust: dict[float, float] = {}
-            flip_at: dict[int, float] = {}
-            adv_at: dict[float, dict[int, Any]] = {}
-            attacks: list[dict[str, Any]] = []
-            for k, level in enumerate(levels):
-                cfg = AttackConfig(eps=level / 255, steps=p.steps, seed=int(ctx.rng("transfer", k).integers(2**31)))
-                adv = self._craft(path, make_loss, clean, cfg)
-                ok = judge.correct([adv[i] for i in idx], idx) & clean_ok
-                robust[level], adv_at[level] = float(ok.mean()), adv
-                attacks.append(cfg.describe())
-                for i in idx:
-                    if clean_ok[i] and not ok[i]:
-                        flip_at.setdefault(i, level)
+            configs = {
+                level: AttackConfig(eps=level / 255, steps=p.steps, seed=int(ctx.rng("transfer", k).integers(2**31)))
+                for k, level in enumerate(levels)
+            }
+            plan = AttackPlan(
+                ctx.check_id, ctx.seed, s.indices, judge.state(), p.batch_size, tuple(bool(c) for c in clean_ok),
+                surrogate=p.surrogate, surrogate_loss="zero_shot" if zero_shot else "shift", configs=configs,
+                # In this process the units use the surrogate loaded here (a Ray actor loads its own).
+                local_surrogate=(surrogate, path) if ctx.executor is None else None,
+            )  # fmt: skip
+            units = pgd_units(levels, configs, clean, p.batch_size)
+            out = PgdOutcome()
+            results = ctx.map_units(run_transfer_unit, plan, units, keys=[u.key for u in units], encode=encode_pgd,
+                                    decode=decode_pgd)  # fmt: skip
+            for unit, res in zip(units, results, strict=True):
+                out.add(unit, res)
         finally:
             if not own:
                 surrogate.close()
+        robust, flip_at = out.curve(levels, clean_ok)
+        adv_at = out.adv_at
+        attacks = [configs[level].describe() for level in levels]
         yield self._finding(ctx, data, judge, path, loss_kind, clean, clean_ok, robust, flip_at, adv_at, attacks, own)
-
-    def _loss(self, surrogate: Target, path: ImagePath, data: Any, clean: list[Any]) -> tuple[str, Any]:
-        torch = require("torch")
-        if data.has_labels and len(data.classes) > 1 and surrogate.has(Capability.EMBED_TEXT):
-            refs = unit_tensor(
-                surrogate.embed_texts([data.prompt_template.format(c) for c in data.classes]), path.device
-            )
-            index = {c: i for i, c in enumerate(data.classes)}
-            truth = [index[s.label or ""] for s in data]
-            return "zero-shot margin loss on the surrogate", lambda part: zero_shot_loss(
-                path, refs, [truth[i] for i in part]
-            )
-        with torch.no_grad():
-            feats: dict[int, Any] = {}
-            for group in by_shape(clean):
-                out = unit_tensor(path.features(to_tensor([clean[i] for i in group], path.device)), path.device)
-                feats.update({i: out[j] for j, i in enumerate(group)})
-        return "embedding shift on the surrogate (task-free)", lambda part: embedding_shift_loss(
-            path, torch.stack([feats[i] for i in part])
-        )
-
-    def _craft(self, path: ImagePath, make_loss: Any, clean: list[Any], cfg: AttackConfig) -> dict[int, Any]:
-        torch = require("torch")
-        out: dict[int, Any] = {}
-        bs = self.params.batch_size
-        for group in by_shape(clean):
-            for start in range(0, len(group), bs):
-                part = group[start : start + bs]
-                gen = torch.Generator(device=path.device)
-                gen.manual_seed(cfg.seed + start)
-                adv, _ = pgd(make_loss(part), to_tensor([clean[i] for i in part], path.device), cfg, generator=gen)
-                out.update(zip(part, to_images(adv), strict=True))
-        return out
 
     def _finding(
         self,

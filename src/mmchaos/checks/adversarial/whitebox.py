@@ -22,13 +22,31 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from mmchaos._lazy import require
-from mmchaos.attacks.gradient import AttackConfig, AttackStats, pgd
-from mmchaos.attacks.losses import retrieval_loss, unit_tensor, zero_shot_loss
-from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
-from mmchaos.attacks.query import QueryBudget, square_attack
-from mmchaos.checks.adversarial._common import Judge, by_shape, eps_label, eps_values, flip_cases, worst_records
+from mmchaos.attacks.gradient import AttackConfig, AttackStats
+from mmchaos.attacks.preprocess import ImagePath, image_path
+from mmchaos.checks.adversarial._common import (
+    Judge,
+    attack_set,
+    batches,
+    by_shape,
+    eps_label,
+    eps_values,
+    flip_cases,
+    worst_records,
+)
 from mmchaos.checks.adversarial._generative import attack_vlm
+from mmchaos.checks.adversarial._units import (
+    AttackPlan,
+    PgdOutcome,
+    SquareUnit,
+    decode_pgd,
+    decode_square,
+    encode_pgd,
+    encode_square,
+    pgd_units,
+    run_pgd_unit,
+    run_square_unit,
+)
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
@@ -45,7 +63,7 @@ class WhiteBoxParams(Params):
     step_size: float | None = Field(None, gt=0, description="per step, in grey levels; default 2.5*eps/steps")
     random_start: bool = True
     loss: str = Field("margin", pattern="^(margin|ce)$", description="zero-shot loss: margin (CW) or ce (saturates)")
-    samples: int = Field(32, ge=1, description="samples of the dataset attacked (the first N)")
+    samples: int = Field(32, ge=1, description="samples attacked (seeded, stratified by label)")
     batch_size: int = Field(32, ge=1)
     worst_cases: int = Field(4, ge=0, description="flipped samples saved as clean/adversarial images")
     masking_check: bool = Field(True, description="compare with a black-box attack at the gate eps")
@@ -79,12 +97,12 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
-        data = ctx.dataset.sample(min(ctx.max_samples or p.samples, p.samples), ctx.seed)
+        s = attack_set(ctx, p.samples)
+        data = s.data
         if not ctx.target.has(Capability.EMBED_IMAGE, Capability.EMBED_TEXT):
-            yield self._generative(ctx, data)
+            yield self._generative(ctx, s.indices, data)
             return
-        kind = Judge.choose(ctx.target, data)
-        clean = [s.load_image() for s in data] if data.has_images else []
+        kind, clean = s.kind, s.clean
         path = image_path(ctx.target, clean[0] if clean else None) if clean else None
         if kind == "ocr":
             why = "white-box OCR needs a recogniser with a torch CTC head; attack it with adversarial_blackbox"
@@ -101,30 +119,32 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         clean_ok = judge.correct(inputs, idx)
         clean_acc = float(clean_ok.mean())
         levels = sorted(set(p.eps) | {g.eps})
-        flip_at: dict[int, float] = {}
-        robust: dict[float, float] = {}
-        adv_at: dict[float, dict[int, Any]] = {}
-        stats: dict[float, AttackStats] = {}
-        attacks: list[dict[str, Any]] = []
-        bar = ctx.progress.task(f"{ctx.check_id}: eps", total=len(levels))
+        configs = {
+            level: AttackConfig(
+                eps=level / 255, norm="l2" if p.norm == "l2" else "linf", steps=p.steps,
+                step_size=p.step_size / 255 if p.step_size else None, random_start=p.random_start,
+                seed=int(ctx.rng("pgd", k).integers(2**31)),
+            )
+            for k, level in enumerate(levels)
+        }  # fmt: skip
+        plan = AttackPlan(
+            ctx.check_id, ctx.seed, s.indices, judge.state(), p.batch_size, tuple(bool(c) for c in clean_ok),
+            prepared=True, loss=p.loss, configs=configs,
+        )  # fmt: skip
+        units = pgd_units(levels, configs, inputs, p.batch_size)
+        out = PgdOutcome()
+        bar = ctx.progress.task(f"{ctx.check_id}: attack batches", total=len(units))
         try:
-            for k, level in enumerate(levels):
-                seed = int(ctx.rng("pgd", k).integers(2**31))
-                cfg = AttackConfig(
-                    eps=level / 255, norm="l2" if p.norm == "l2" else "linf", steps=p.steps,
-                    step_size=p.step_size / 255 if p.step_size else None, random_start=p.random_start, seed=seed,
-                )  # fmt: skip
-                adv, st = self._attack(path, judge, inputs, cfg)
-                ok = judge.correct([adv[i] for i in idx], idx) & clean_ok
-                robust[level] = float(ok.mean())
-                adv_at[level], stats[level] = adv, st
-                attacks.append(cfg.describe())
-                for i in idx:
-                    if clean_ok[i] and not ok[i] and i not in flip_at:
-                        flip_at[i] = level
+            results = ctx.map_units(run_pgd_unit, plan, units, keys=[u.key for u in units], encode=encode_pgd,
+                                    decode=decode_pgd)  # fmt: skip
+            for unit, res in zip(units, results, strict=True):
+                out.add(unit, res)
                 bar.advance()
         finally:
             bar.close()
+        robust, flip_at = out.curve(levels, clean_ok)
+        adv_at, zero, correct = out.adv_at, out.zero, out.correct
+        attacks = [configs[level].describe() for level in levels]
         cases = flip_cases(data, flip_at, p.worst_cases)
         for case in cases:
             i = case["index"]
@@ -135,9 +155,11 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             attacks, cases,
         )  # fmt: skip
         if p.masking_check:
-            yield self._masking(ctx, data, path, judge, inputs, clean_ok, adv_at[g.eps], stats[g.eps])
+            stats = AttackStats(steps=p.steps, zero_gradient_steps=[zero[g.eps][i] for i in sorted(zero[g.eps])])
+            white_wrong = {i: not c for i, c in correct[g.eps].items()}
+            yield self._masking(ctx, data, path, plan, inputs, clean_ok, white_wrong, stats)
 
-    def _generative(self, ctx: CheckContext, data: Any) -> Finding:
+    def _generative(self, ctx: CheckContext, indices: tuple[int, ...], data: Any) -> Finding:
         """PGD on the answer likelihood of a VLM, judged through ``generate`` (no masking check:
         there is no score to query black-box)."""
         p, g = self.params, self.gate
@@ -145,7 +167,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             why = "a generative target needs a dataset of questions about images (e.g. builtin:vqa)"
             return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
         levels = sorted(set(p.eps) | {g.eps})
-        out = attack_vlm(ctx, data, levels, p.steps, p.random_start)
+        out = attack_vlm(ctx, indices, data, levels, p.steps, p.random_start)
         if isinstance(out, str):
             return self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {out}", message=out)
         clean = [s.load_image() for s in data]
@@ -158,30 +180,6 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             ctx, data, "vqa", "accuracy", out.preprocessing, clean, float(np.mean(out.clean_ok)), out.robust,
             out.flip_at, out.adv_at, out.attacks, cases,
         )  # fmt: skip
-
-    def _attack(
-        self, path: ImagePath, judge: Judge, inputs: list[Any], cfg: AttackConfig
-    ) -> tuple[dict[int, Any], AttackStats]:
-        torch = require("torch")
-        out: dict[int, Any] = {}
-        zero: dict[int, int] = {}
-        bs = self.params.batch_size
-        for group in by_shape(inputs):
-            for start in range(0, len(group), bs):
-                part = group[start : start + bs]
-                x = to_tensor([inputs[i] for i in part], path.device)
-                assert judge.refs is not None
-                refs = unit_tensor(judge.refs, path.device)
-                if judge.kind == "zero_shot":
-                    loss = zero_shot_loss(path, refs, [int(judge.truth[i]) for i in part], self.params.loss)
-                else:
-                    loss = retrieval_loss(path, refs[torch.tensor(part)])
-                gen = torch.Generator(device=path.device)
-                gen.manual_seed(cfg.seed + start)
-                adv, st = pgd(loss, x, cfg, generator=gen)
-                for i, image, z in zip(part, to_images(adv), st.zero_gradient_steps, strict=True):
-                    out[i], zero[i] = image, z
-        return out, AttackStats(steps=cfg.steps, zero_gradient_steps=[zero[i] for i in sorted(zero)])
 
     def _robustness(
         self,
@@ -245,33 +243,33 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         ctx: CheckContext,
         data: Any,
         path: ImagePath,
-        judge: Judge,
+        plan: AttackPlan,
         inputs: list[Any],
         clean_ok: Any,
-        white_adv: dict[int, Any],
+        white_wrong: dict[int, bool],
         stats: AttackStats,
     ) -> Finding:
         p, g = self.params, self.gate
         attacked = [i for i in range(len(data)) if clean_ok[i]]
-        white = judge.correct([white_adv[i] for i in attacked], attacked) if attacked else np.zeros(0, bool)
-        white_rate = float((~white).mean()) if attacked else 0.0
-        budget = QueryBudget(max(1, p.masking_queries * max(1, len(attacked))))
-        black_success = 0
+        white_rate = float(np.mean([white_wrong[i] for i in attacked])) if attacked else 0.0
+        units = [
+            SquareUnit("masking", g.eps, tuple(part), int(ctx.rng("square", part[0]).integers(2**31)),
+                       p.masking_queries, p.masking_queries * len(part))
+            for part in batches([[attacked[j] for j in group] for group in by_shape([inputs[i] for i in attacked])],
+                                p.batch_size)
+        ]  # fmt: skip
+        black_success, used = 0, 0
         results: list[dict[str, Any]] = []
-        for group in by_shape([inputs[i] for i in attacked]):
-            part = [attacked[j] for j in group]
-            seed = int(ctx.rng("square", part[0]).integers(2**31))
-            res = square_attack(
-                judge.scorer(part), [inputs[i] for i in part], g.eps / 255, budget=budget,
-                queries_per_image=p.masking_queries, seed=seed,
-            )  # fmt: skip
-            black_success += int(res.success.sum())
-            results.append({**res.params, "samples": len(part), "succeeded": int(res.success.sum())})
+        for res in ctx.map_units(run_square_unit, plan, units, keys=[u.key for u in units], encode=encode_square,
+                                 decode=decode_square):  # fmt: skip
+            black_success += sum(res.success)
+            used += res.used
+            results.append({**res.params, "samples": len(res.success), "succeeded": sum(res.success)})
         black_rate = black_success / len(attacked) if attacked else 0.0
         gap = black_rate - white_rate
         zero_share = stats.zero_gradient_share()
         metrics = {"whitebox_success": white_rate, "blackbox_success": black_rate, "gap": gap,
-                   "zero_gradient_share": zero_share, "queries": float(budget.used)}  # fmt: skip
+                   "zero_gradient_share": zero_share, "queries": float(used)}  # fmt: skip
         evidence = {"eps_255": g.eps, "attacked": len(attacked), "blackbox": results, "seed": ctx.seed,
                     "preprocessing": path.describe(), "definition": "success = share of clean-correct samples the "
                     "attack makes wrong, judged through the public API; gap = black-box - white-box"}  # fmt: skip
