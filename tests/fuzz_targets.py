@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import io
+import os
+import signal
 import struct
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from mmchaos.isolation import WorkerSpec
 from mmchaos.targets.base import Target
-from tests.broken_targets import ContractSafeTarget
+from tests.broken_targets import ContractSafeTarget, HangOnTinyTarget, SegfaultOnCMYKTarget
 
 
 def _png_chunk_types(blob: bytes) -> list[bytes]:
@@ -62,6 +66,13 @@ class OrientationTableTarget(ContractSafeTarget):
         return image if transpose is None else np.ascontiguousarray(np.rot90(image, transpose % 4))
 
 
+class CrashOrHangTarget(SegfaultOnCMYKTarget, HangOnTinyTarget):
+    """Broken twice: a native decoder that segfaults on CMYK pictures, and an upscaler that never ends
+    on a 1-pixel side (both bugs of :mod:`tests.broken_targets` in one target)."""
+
+    uri = "py:tests.fuzz_targets:crash_or_hang"
+
+
 class ZeroForNoWordsTarget(ContractSafeTarget):
     """Broken, silently: a tokenizer that stops at a BOM, and mean pooling over no tokens gives zeros."""
 
@@ -86,3 +97,18 @@ def splt_crash() -> Target:
 
 def orientation_table() -> Target:
     return OrientationTableTarget()
+
+
+def crash_or_hang() -> Target:
+    return CrashOrHangTarget()
+
+
+def kill_or_stop_the_actor(target: Target, spec: WorkerSpec, payload: str) -> str:
+    """Isolated job for the Ray executor's tests: ``kill`` SIGKILLs the Ray actor whose worker runs
+    it (its parent process), ``stop`` freezes it; anything else is answered as it is."""
+    if payload == "kill":
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+    if payload == "stop":
+        os.kill(os.getppid(), signal.SIGSTOP)
+    return payload
