@@ -119,3 +119,25 @@ def test_fuzz_batches_get_keys_by_batch_place_and_content() -> None:
     list(resumed.map(batch, 1.0))
     list(resumed.map([("text_bytes", b"other")], 1.0))
     assert replay.sent == [("text_bytes", b"other")], "a batch that took another path runs what was not seen"
+
+
+def test_a_run_on_ray_starts_no_local_worker_pool_for_contract_or_fuzzing() -> None:
+    """Before: prepare() of contract and contract_fuzz prefetched the run's local pool (two processes
+    loading the model) on a Ray run too, where their jobs go to the actors and the pool sat idle."""
+    from mmchaos.checks.contract.contract import Contract
+    from mmchaos.checks.contract.fuzz import ContractFuzz
+    from mmchaos.data.shapes import make_shapes
+    from mmchaos.executors import LazyExecutor
+    from mmchaos.resources import RunResources
+    from mmchaos.runner import _prepare
+    from tests.broken_targets import ContractSafeTarget
+
+    never_opened = LazyExecutor("ray", lambda: None)
+    resources = RunResources()
+    try:
+        checks: list[Any] = [("contract", Contract()), ("contract_fuzz", ContractFuzz())]
+        _prepare(checks, ContractSafeTarget(), make_shapes(2), 0, resources, never_opened)
+        assert resources.wanted == set()
+        assert not never_opened.opened, "preparing does not start Ray either"
+    finally:
+        resources.close()
