@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -312,52 +313,97 @@ class RayIsolatedPool:
         self._usable[index] = self._start(index, replacing=True)
 
     def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
-        """Run every payload once, one per free actor; yields (index, result) as they finish."""
+        """Run every payload once; yields (index, result) as they finish.
+
+        Each actor has up to :data:`IN_FLIGHT_PER_WORKER` jobs queued (it runs them in order, so the
+        next one is there when the current one ends). The job at the head of an actor's queue is the
+        one running: when the actor dies, that job crashed and the ones queued behind it run again
+        elsewhere; when the head gets no answer within its timeout plus a worker restart (counted
+        from when it could start), it hung, the actor is replaced and its queue runs again.
+        """
         from mmchaos.isolation import JobResult, describe_exception
 
         ray = self.executor._ray
         actors = self.executor._actors
         bound = timeout + self.start_timeout + ACTOR_GRACE_S
-        todo = list(range(len(payloads)))[::-1]
-        flying: dict[Any, tuple[int, int, float]] = {}  # ref -> (payload index, actor index, sent)
-        while todo or flying:
-            busy = {a for _, a, _ in flying.values()}
+        todo = list(range(len(payloads)))[::-1]  # a stack: the next job is last
+        queues: list[deque[tuple[Any, int]]] = [deque() for _ in actors]  # (ref, payload index), head running
+        since = [0.0] * len(actors)  # when each actor's head job could start at the earliest
+        where: dict[Any, int] = {}  # ref -> actor index
+
+        def requeue(a: int) -> int:
+            """Empty actor ``a``'s queue; put all but its head back in front of the jobs to do; the head."""
+            head = queues[a].popleft()
+            for ref, index in reversed(queues[a]):
+                where.pop(ref, None)
+                todo.append(index)
+            queues[a].clear()
+            where.pop(head[0], None)
+            return head[1]
+
+        while todo or any(queues):
             for a in range(len(actors)):
-                if todo and self._usable[a] and a not in busy:
+                while todo and self._usable[a] and len(queues[a]) < IN_FLIGHT_PER_WORKER:
                     index = todo.pop()
-                    job = (self.handler, self.overlay, payloads[index])
-                    flying[actors[a].run_job.remote(self.key, job, timeout)] = (index, a, time.monotonic())
-            if not flying:  # jobs left and no actor that can run them
+                    ref = actors[a].run_job.remote(self.key, (self.handler, self.overlay, payloads[index]), timeout)
+                    if not queues[a]:
+                        since[a] = time.monotonic()
+                    queues[a].append((ref, index))
+                    where[ref] = a
+            if not any(queues):  # jobs left and no actor that can run them
                 while todo:
                     yield todo.pop(), JobResult("error", detail="no Ray actor could (re)start a worker")
                 return
-            left = min(sent + bound for _, _, sent in flying.values()) - time.monotonic()
-            ready, _ = ray.wait(list(flying), num_returns=1, timeout=max(0.0, left))
+            left = min(since[a] + bound for a in range(len(actors)) if queues[a]) - time.monotonic()
+            ready, _ = ray.wait(list(where), num_returns=1, timeout=max(0.0, left))
             for ref in ready:
-                index, a, sent = flying.pop(ref)
-                elapsed = time.monotonic() - sent
+                a = where.pop(ref)
+                elapsed = time.monotonic() - since[a]
                 try:
                     result, replaced = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:  # the actor process itself died
+                    where[ref] = a
+                    yield from self._finished_before_death(queues[a], where)  # jobs ahead of the fatal one
+                    index = requeue(a)
                     self._replace(a)
                     yield index, JobResult("crashed", seconds=elapsed, detail=f"the Ray actor died: {_first_line(exc)}")
                     continue
                 except Exception as exc:  # the harness failed on the actor
-                    yield index, JobResult("error", error=describe_exception(exc), seconds=elapsed,
-                                           detail="the harness failed on the Ray actor")  # fmt: skip
-                    continue
+                    result = JobResult("error", error=describe_exception(exc), seconds=elapsed,
+                                       detail="the harness failed on the Ray actor")  # fmt: skip
+                    replaced = 0
+                index = next(i for r, i in queues[a] if r == ref)
+                queues[a] = deque((r, i) for r, i in queues[a] if r != ref)
+                since[a] = time.monotonic()
                 self.replacements += replaced
                 if self.clock is not None and result.busy_seconds > 0:
                     now = time.perf_counter()
                     self.clock.add(now - min(result.busy_seconds, elapsed), now)
                 yield index, result
             now = time.monotonic()
-            for ref, (index, a, sent) in list(flying.items()):
-                if now - sent > bound:
-                    del flying[ref]
+            for a in range(len(actors)):
+                if queues[a] and now - since[a] > bound:
+                    index = requeue(a)
                     self._replace(a)
                     detail = f"no answer from the Ray actor within {bound:g} s; actor replaced"
-                    yield index, JobResult("hung", seconds=now - sent, detail=detail)
+                    yield index, JobResult("hung", seconds=now - since[a], detail=detail)
+
+    def _finished_before_death(
+        self, queue: deque[tuple[Any, int]], where: dict[Any, int]
+    ) -> Iterator[tuple[int, JobResult]]:
+        """The jobs at the head of a dead actor's queue that had answered before it died (the death
+        may be seen first), taken off the queue: the first one that had not is the one that killed it."""
+        ray = self.executor._ray
+        while queue:
+            ref, index = queue[0]
+            try:
+                result, replaced = ray.get(ref, timeout=ACTOR_GRACE_S)
+            except Exception:  # died with the actor (or never ran)
+                return
+            queue.popleft()
+            where.pop(ref, None)
+            self.replacements += replaced
+            yield index, result
 
     def close(self) -> None:
         """The actors keep their pools for the run's other checks; the executor closes them."""
