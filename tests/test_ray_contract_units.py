@@ -49,12 +49,14 @@ _MEASURED = re.compile(r"seconds|_s$|per_s|rss_growth|load_seconds")
 
 def _stable(finding: dict[str, Any]) -> dict[str, Any]:
     """A finding without what is measured rather than decided (wall times, memory peaks, thread
-    addresses in a native trace): those differ between any two runs, local ones included."""
+    addresses in a native trace, the extension modules the crashed worker had imported for the jobs
+    it ran before): those differ between any two runs, local ones included."""
     out = dict(finding)
     out["metrics"] = {k: v for k, v in finding["metrics"].items() if not _MEASURED.search(k)}
     out["evidence"] = {k: v for k, v in finding["evidence"].items() if k != "found_after_s"}
-    if "worker_stderr" in out["evidence"]:
-        out["evidence"]["worker_stderr"] = re.sub(r"0x[0-9a-f]+", "0x?", out["evidence"]["worker_stderr"])
+    if "worker_stderr" in out["evidence"]:  # the worker's history: which extensions earlier jobs imported
+        trace = re.sub(r"0x[0-9a-f]+", "0x?", out["evidence"]["worker_stderr"])
+        out["evidence"]["worker_stderr"] = re.sub(r"\nExtension modules: [^\n]*", "", trace)
     out["title"] = re.sub(r" in [\d.]+ s \(\d+/s\)", "", finding["title"])
     return out
 
@@ -69,6 +71,20 @@ def _run(tmp_path: Path, name: str, target: str, checks: list[Any], executor: Ex
     return findings
 
 
+def _diff(a: list[Any], b: list[Any]) -> list[tuple[int, str, Any, Any]]:
+    """Where two finding lists differ (index, field, and the two values), for the assertion message."""
+    out = [(-1, "len", len(a), len(b))] if len(a) != len(b) else []
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        for key in sorted(set(x) | set(y)):
+            if x.get(key) != y.get(key):
+                if isinstance(x.get(key), dict) and isinstance(y.get(key), dict):
+                    out += [(i, f"{key}.{k}", x[key].get(k), y[key].get(k)) for k in sorted(set(x[key]) | set(y[key]))
+                            if x[key].get(k) != y[key].get(k)]  # fmt: skip
+                else:
+                    out.append((i, key, x.get(key), y.get(key)))
+    return out
+
+
 def test_crashing_and_hanging_contract_cases_and_a_fuzzed_segfault_match_between_local_and_ray(
     tmp_path: Path, local_ray: None
 ) -> None:
@@ -79,7 +95,7 @@ def test_crashing_and_hanging_contract_cases_and_a_fuzzed_segfault_match_between
     assert sorted(failed) == ["mode_CMYK_jpeg", "mode_CMYK_tiff", "size_1x1"]
     assert "SIGSEGV" in failed["mode_CMYK_jpeg"] and "no answer within 3 s" in failed["size_1x1"]
     assert local[-1]["metrics"]["worker_replacements"] == 3 and local[-1]["metrics"]["n_passed"] == 2
-    assert on_ray == local
+    assert on_ray == local, _diff(on_ray, local)
 
     fuzz_target = "py:tests.fuzz_targets:splt_crash"
     local = _run(tmp_path, "fuzz-local", fuzz_target, [FUZZ], None)
@@ -87,7 +103,7 @@ def test_crashing_and_hanging_contract_cases_and_a_fuzzed_segfault_match_between
     [fail] = [f for f in local if f["verdict"] == "fail"]
     assert fail["evidence"]["signature"] == "image_bytes:crashed:SIGSEGV@__init__.py:string_at"
     assert fail["evidence"]["minimise_runs"] > 0
-    assert on_ray == local
+    assert on_ray == local, _diff(on_ray, local)
 
 
 def test_a_correct_target_passes_contract_and_fuzzing_on_ray(tmp_path: Path, local_ray: None) -> None:

@@ -342,8 +342,10 @@ class RayIsolatedPool:
             return head[1]
 
         while todo or any(queues):
-            for a in range(len(actors)):
-                while todo and self._usable[a] and len(queues[a]) < IN_FLIGHT_PER_WORKER:
+            for depth in range(1, IN_FLIGHT_PER_WORKER + 1):  # one job per actor first (warm-ups reach each)
+                for a in range(len(actors)):
+                    if not (todo and self._usable[a] and len(queues[a]) < depth):
+                        continue
                     index = todo.pop()
                     ref = actors[a].run_job.remote(self.key, (self.handler, self.overlay, payloads[index]), timeout)
                     if not queues[a]:
