@@ -73,6 +73,19 @@ class CrashOrHangTarget(SegfaultOnCMYKTarget, HangOnTinyTarget):
     uri = "py:tests.fuzz_targets:crash_or_hang"
 
 
+class KillsItsParentOnTiffTarget(ContractSafeTarget):
+    """Correct, but with ``MMCHAOS_TEST_KILL_PARENT_ON_TIFF`` set, decoding a TIFF SIGKILLs the worker's
+    parent: the driver of a local run, as an out-of-memory kill of the driver would (resume tests)."""
+
+    uri = "py:tests.fuzz_targets:kills_its_parent_on_tiff"
+
+    def decode_image(self, blob: bytes) -> np.ndarray:
+        if os.environ.get("MMCHAOS_TEST_KILL_PARENT_ON_TIFF") and blob[:4] in (b"II*\0", b"MM\0*"):
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)
+        return super().decode_image(blob)
+
+
 class ZeroForNoWordsTarget(ContractSafeTarget):
     """Broken, silently: a tokenizer that stops at a BOM, and mean pooling over no tokens gives zeros."""
 
@@ -101,6 +114,10 @@ def orientation_table() -> Target:
 
 def crash_or_hang() -> Target:
     return CrashOrHangTarget()
+
+
+def kills_its_parent_on_tiff() -> Target:
+    return KillsItsParentOnTiffTarget()
 
 
 def kill_or_stop_the_actor(target: Target, spec: WorkerSpec, payload: str) -> str:

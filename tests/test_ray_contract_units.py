@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +175,30 @@ def test_contract_cases_run_on_ray_are_journaled_and_a_local_resume_reads_them_b
     replaced = resumed[-1]["metrics"].pop("worker_replacements")
     assert replaced == 0 and on_ray[-1]["metrics"].pop("worker_replacements") == 3
     assert resumed[-1] == on_ray[-1]
+
+
+def test_a_contract_run_whose_driver_was_killed_resumes_on_ray_without_running_its_cases_again(
+    tmp_path: Path, local_ray: None, subprocess_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    checks = [{"check": "contract", "params": {"cases": ["zero_byte", "mode_L", "mode_P", "mode_RGBA", "mode_CMYK_tiff",
+                                                         "exif_orientation_3"]}}]  # fmt: skip
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SuiteSpec.model_validate({"name": "units", "seed": 0, "checks": checks}).model_dump_json())
+    db = tmp_path / "killed.db"
+    target = "py:tests.fuzz_targets:kills_its_parent_on_tiff"
+    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", target, "--suite", str(suite),
+            "--data", DATA, "--store", str(db), "--out", str(tmp_path / "out")]  # fmt: skip
+    env = dict(subprocess_env, MMCHAOS_TEST_KILL_PARENT_ON_TIFF="1")  # the TIFF case (5th of 6) kills the driver
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    with sqlite3.connect(db) as con:
+        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
+        committed = int(con.execute("SELECT COUNT(*) FROM units").fetchone()[0])
+    assert committed >= 3, "the cases that had answered were committed as they arrived"
+
+    with RunStore(db) as store, caplog.at_level(logging.INFO, logger="mmchaos.executors.isolated"):
+        result = run_suite(None, store, resume=run_id, executor=ExecutorSpec("ray", workers=2))
+        resumed = [_stable(f.to_dict()) for f in store.findings(result.run_id)]
+    assert f"resume: {committed} of 6 contract jobs read back" in caplog.text
+    assert resumed == _run(tmp_path, "fresh", target, checks, None)
+    assert resumed[-1]["verdict"] == "pass" and resumed[-1]["metrics"]["n_passed"] == 6
