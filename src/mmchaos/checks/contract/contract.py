@@ -2,7 +2,9 @@
 
 Every case of :mod:`~mmchaos.checks.contract.corpus` runs through the target's own decoding
 path (``embed_encoded_images``, ``read_encoded_images``, ``embed_encoded_texts``) or its array
-API, inside a pool of worker processes that each load the target once by URI. Outcomes:
+API, inside a pool of worker processes that each load the target once by URI (the run's shared
+pool, or with ``--executor ray`` a one-worker pool on each Ray actor). Each case is a keyed work
+unit, committed to the run store as it arrives, so ``--resume`` does not run it again. Outcomes:
 
 * ``rejected`` -- a typed error (an :class:`~mmchaos.errors.MMChaosError`, or a class the
   parameters accept);
