@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import io
+import os
+import signal
 import struct
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from mmchaos.isolation import WorkerSpec
 from mmchaos.targets.base import Target
-from tests.broken_targets import ContractSafeTarget
+from tests.broken_targets import ContractSafeTarget, HangOnTinyTarget, SegfaultOnCMYKTarget
 
 
 def _png_chunk_types(blob: bytes) -> list[bytes]:
@@ -62,6 +66,26 @@ class OrientationTableTarget(ContractSafeTarget):
         return image if transpose is None else np.ascontiguousarray(np.rot90(image, transpose % 4))
 
 
+class CrashOrHangTarget(SegfaultOnCMYKTarget, HangOnTinyTarget):
+    """Broken twice: a native decoder that segfaults on CMYK pictures, and an upscaler that never ends
+    on a 1-pixel side (both bugs of :mod:`tests.broken_targets` in one target)."""
+
+    uri = "py:tests.fuzz_targets:crash_or_hang"
+
+
+class KillsItsParentOnTiffTarget(ContractSafeTarget):
+    """Correct, but with ``MMCHAOS_TEST_KILL_PARENT_ON_TIFF`` set, decoding a TIFF SIGKILLs the worker's
+    parent: the driver of a local run, as an out-of-memory kill of the driver would (resume tests)."""
+
+    uri = "py:tests.fuzz_targets:kills_its_parent_on_tiff"
+
+    def decode_image(self, blob: bytes) -> np.ndarray:
+        if os.environ.get("MMCHAOS_TEST_KILL_PARENT_ON_TIFF") and blob[:4] in (b"II*\0", b"MM\0*"):
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)
+        return super().decode_image(blob)
+
+
 class ZeroForNoWordsTarget(ContractSafeTarget):
     """Broken, silently: a tokenizer that stops at a BOM, and mean pooling over no tokens gives zeros."""
 
@@ -86,3 +110,22 @@ def splt_crash() -> Target:
 
 def orientation_table() -> Target:
     return OrientationTableTarget()
+
+
+def crash_or_hang() -> Target:
+    return CrashOrHangTarget()
+
+
+def kills_its_parent_on_tiff() -> Target:
+    return KillsItsParentOnTiffTarget()
+
+
+def kill_or_stop_the_actor(target: Target, spec: WorkerSpec, payload: str) -> str:
+    """Isolated job for the Ray executor's tests: ``kill`` SIGKILLs the Ray actor whose worker runs
+    it (its parent process), ``stop`` freezes it; anything else is answered as it is."""
+    if payload == "kill":
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+    if payload == "stop":
+        os.kill(os.getppid(), signal.SIGSTOP)
+    return payload

@@ -165,3 +165,33 @@ def test_the_schema_phase_finds_a_5xx_and_its_saved_request_replays() -> None:
         status, detail = replay_request(srv.base_url, record)
         assert status == 500, detail
     assert outcome.status_counts.get("422", 0) > 10, "wrong types get the framework's 422"
+
+
+def test_a_resumed_campaign_reads_its_rounds_back_and_finds_the_same(caplog: pytest.LogCaptureFixture) -> None:
+    """Every fuzzed input is a journaled unit: a resumed run replays the seeded rounds from the store
+    (the segfaulting inputs do not run, or crash a worker, again) and reports the same findings."""
+    import logging
+
+    from tests.test_isolated_units import DictJournal
+
+    journal = DictJournal()
+    params = ContractFuzzParams(stop_after_failures=1, minimise_tests=6, max_seconds=600, minimise_seconds=600)
+
+    def run() -> list[Finding]:
+        ctx = CheckContext(target=TimedTarget(ft.SpltCrashTarget()), dataset=DATA, seed=0, check_id="contract_fuzz",
+                           journal=journal)  # fmt: skip
+        return list(ContractFuzz(params).run(ctx))
+
+    first = run()
+    assert first[-1].metrics["worker_replacements"] >= 1 and len(journal.units) == first[-1].metrics["cases"] + 6
+    with caplog.at_level(logging.INFO, logger="mmchaos.executors.isolated"):
+        again = run()
+    assert "resume: 32 of 32 contract_fuzz jobs read back" in caplog.text
+    assert again[-1].metrics["worker_replacements"] == 0, "no input ran again"
+    [fail], [fail_again] = ([f for f in fs if f.verdict == Verdict.FAIL] for fs in (first, again))
+    assert (
+        fail_again.evidence["signature"]
+        == fail.evidence["signature"]
+        == "image_bytes:crashed:SIGSEGV@__init__.py:string_at"
+    )
+    assert fail_again.artifacts == fail.artifacts and fail_again.evidence["hits"] == fail.evidence["hits"]

@@ -36,8 +36,10 @@ __all__ = [
     "PoolView",
     "WorkerPool",
     "WorkerSpec",
+    "decode_job",
     "describe_exception",
     "dispatch_job",
+    "encode_job",
     "prefetch_pool",
     "run_pool",
     "shared_spec",
@@ -624,3 +626,81 @@ def run_pool(
     factory = lambda: start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)  # noqa: E731
     with shared(ctx, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
         yield PoolView(pool, handler, overlay, clock)
+
+
+# -- a job result as JSON values (the run store's units) -----------------------------------------
+
+_ARRAY = "__ndarray__"
+_ERROR = "__error__"
+
+
+def encode_job(job: JobResult) -> dict[str, Any]:
+    """``job`` as JSON values, losslessly: arrays keep their dtype and shape, errors their fields.
+
+    What a check classifies is what comes back from :func:`decode_job`, whether the job ran now or
+    was read back from the run store, so a resumed run and an uninterrupted one judge the same values.
+    """
+    return {
+        "status": job.status,
+        "value": _encode_value(job.value),
+        "error": _encode_value(job.error),
+        "seconds": job.seconds,
+        "exitcode": job.exitcode,
+        "detail": job.detail,
+        "stderr": job.stderr,
+        "busy_seconds": job.busy_seconds,
+    }
+
+
+def decode_job(data: Mapping[str, Any]) -> JobResult:
+    """The :class:`JobResult` that :func:`encode_job` encoded."""
+    return JobResult(
+        status=str(data["status"]),
+        value=_decode_value(data["value"]),
+        error=_decode_value(data["error"]),
+        seconds=float(data["seconds"]),
+        exitcode=data["exitcode"],
+        detail=str(data["detail"]),
+        stderr=str(data["stderr"]),
+        busy_seconds=float(data["busy_seconds"]),
+    )
+
+
+def _encode_value(value: Any) -> Any:
+    import numpy as np
+
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, ErrorInfo):
+        return {_ERROR: [value.type, value.message, value.typed, value.code, value.traceback]}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biufcU":
+            data = value.tolist() if value.dtype.kind != "c" else [[z.real, z.imag] for z in value.reshape(-1).tolist()]
+            return {_ARRAY: [str(value.dtype), list(value.shape), data]}
+        return repr(value)[:500]  # an answer that is not even numbers: garbage, judged by its repr
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _encode_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encode_value(v) for v in value]
+    return repr(value)[:500]
+
+
+def _decode_value(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, list):
+        return [_decode_value(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if _ERROR in value and len(value) == 1:
+        kind, message, typed, code, tb = value[_ERROR]
+        return ErrorInfo(type=kind, message=message, typed=typed, code=code, traceback=tb)
+    if _ARRAY in value and len(value) == 1:
+        dtype, shape, data = value[_ARRAY]
+        if np.dtype(dtype).kind == "c":
+            flat = np.array([complex(re, im) for re, im in data], dtype=dtype)
+            return flat.reshape(shape)
+        return np.array(data, dtype=dtype).reshape(shape)
+    return {k: _decode_value(v) for k, v in value.items()}

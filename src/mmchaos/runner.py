@@ -180,9 +180,14 @@ def run_suite(
         run_id = new_run_id()
     checks = build_checks(config.suite)
     pool: LazyExecutor | None = None
+    if executor is not None and executor.kind != "local":
+        # Opened by the first check that maps work units (a suite without one never starts Ray);
+        # known to prepare() already, so a check whose work goes to Ray starts no local pool.
+        where, uri, options = executor, config.target, config.options
+        pool = LazyExecutor(where.kind, lambda: open_executor(where, TargetSpec(uri, options, data_spec)))
     resources = RunResources()  # one reference server, one worker pool, ... for the whole run
     try:
-        early = _prepare_early(checks, config, resources) if resume is None else set()
+        early = _prepare_early(checks, config, resources, pool) if resume is None else set()
         target = load_target(config.target, config.options)
     except BaseException:
         resources.close()
@@ -216,14 +221,10 @@ def run_suite(
                 )
             store.update_run(run_id, status="running")
         done = {c.check_id for c in store.checks(run_id) if c.status == "done"}
-        if executor is not None and executor.kind != "local":
-            # Opened by the first check that maps work units (a suite without one never starts Ray).
-            where, spec = executor, TargetSpec(config.target, config.options, data_spec)
-            pool = LazyExecutor(where.kind, lambda: open_executor(where, spec))
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         pending = [(cid, check) for cid, check in checks if cid not in done]
-        _prepare(pending, target, dataset, config.effective_seed, resources)
+        _prepare(pending, target, dataset, config.effective_seed, resources, pool)
         for key in early - resources.wanted:  # started for a check that turned out not to need it
             resources.discard(key)
         for check_id, check in checks:
@@ -259,7 +260,9 @@ _EARLY_SCHEMES = ("builtin", "hf", "onnx")
 """Targets whose worker spec is known before loading them (their load options are the run's options)."""
 
 
-def _prepare_early(checks: list[tuple[str, AnyCheck]], config: RunConfig, resources: RunResources) -> set[Any]:
+def _prepare_early(
+    checks: list[tuple[str, AnyCheck]], config: RunConfig, resources: RunResources, executor: Executor | None = None
+) -> set[Any]:
     """Let checks start what they share (the worker pool: interpreters importing torch and loading the
     model) while this process loads the target, on a stand-in with the run's URI and options.
 
@@ -273,7 +276,9 @@ def _prepare_early(checks: list[tuple[str, AnyCheck]], config: RunConfig, resour
     standin.capabilities = frozenset(Capability)
     nothing = cast("Dataset", None)  # prepare() must not touch the data (it has not been loaded yet)
     for check_id, check in checks:
-        ctx = CheckContext(target=standin, dataset=nothing, seed=0, check_id=check_id, resources=resources)
+        ctx = CheckContext(
+            target=standin, dataset=nothing, seed=0, check_id=check_id, resources=resources, executor=executor
+        )
         try:
             check.prepare(ctx)
         except Exception:
@@ -284,14 +289,21 @@ def _prepare_early(checks: list[tuple[str, AnyCheck]], config: RunConfig, resour
 
 
 def _prepare(
-    checks: list[tuple[str, AnyCheck]], target: Target, dataset: Dataset, seed: int, resources: RunResources
+    checks: list[tuple[str, AnyCheck]],
+    target: Target,
+    dataset: Dataset,
+    seed: int,
+    resources: RunResources,
+    executor: Executor | None = None,
 ) -> None:
     """Let every check that will run start its shared resources in the background (a worker pool
     loading the model overlaps with the in-process checks before the one that needs it)."""
     for check_id, check in checks:
         if check.missing_capabilities(target) is not None:
             continue
-        ctx = CheckContext(target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources)
+        ctx = CheckContext(
+            target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources, executor=executor
+        )
         try:
             check.prepare(ctx)
         except Exception:  # the check itself will meet (and report) the same problem when it runs

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +23,8 @@ from mmchaos.errors import ConfigError
 
 if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
+    from mmchaos.executors.isolated import JobRunner
+    from mmchaos.isolation import Handler, WorkerSpec
     from mmchaos.targets import TargetOptions
     from mmchaos.targets.base import Target
     from mmchaos.timing import ModelClock
@@ -83,6 +85,19 @@ class Executor(ABC):
         calls that units make away from the caller's target (on a remote worker) are added to
         ``clock``, so the check's model time includes them.
         """
+
+    def isolated(
+        self,
+        spec: WorkerSpec,
+        handler: Handler,
+        *,
+        overlay: Mapping[str, Any] | None = None,
+        start_timeout: float = 300.0,
+        clock: ModelClock | None = None,
+    ) -> JobRunner | None:
+        """Isolated worker processes for ``handler`` jobs on this executor's machines (contract cases,
+        fuzzed inputs), or None: the caller uses the run's local pool. See :mod:`mmchaos.executors.isolated`."""
+        return None
 
     def close(self) -> None:
         """Release workers (a no-op where there are none)."""

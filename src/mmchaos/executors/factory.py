@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.executors.base import Executor, ExecutorSpec, TargetSpec, UnitFn
 
 if TYPE_CHECKING:
+    from mmchaos.executors.isolated import JobRunner
+    from mmchaos.isolation import Handler, WorkerSpec
     from mmchaos.timing import ModelClock
 
 __all__ = ["LazyExecutor", "open_executor"]
@@ -63,6 +65,17 @@ class LazyExecutor(Executor):
         self, fn: UnitFn[S, U, R], shared: S, units: Sequence[U], *, clock: ModelClock | None = None
     ) -> Iterator[R]:
         return self._open().map(fn, shared, units, clock=clock)
+
+    def isolated(
+        self,
+        spec: WorkerSpec,
+        handler: Handler,
+        *,
+        overlay: Mapping[str, Any] | None = None,
+        start_timeout: float = 300.0,
+        clock: ModelClock | None = None,
+    ) -> JobRunner | None:
+        return self._open().isolated(spec, handler, overlay=overlay, start_timeout=start_timeout, clock=clock)
 
     def close(self) -> None:
         if self._inner is not None:

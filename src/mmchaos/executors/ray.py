@@ -10,19 +10,23 @@ Ray is an extra (``pip install "mmchaos[ray]"``) and is imported only here.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.errors import ConfigError, MissingDependencyError
 from mmchaos.executors.base import Executor, TargetSpec, UnitFn, Worker
 
 if TYPE_CHECKING:
+    from mmchaos.isolation import Handler, JobResult, WorkerSpec
     from mmchaos.timing import ModelClock
 
-__all__ = ["RayExecutor", "TargetActor", "require_ray"]
+__all__ = ["RayExecutor", "RayIsolatedPool", "TargetActor", "require_ray"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class TargetActor:
         self.spec = spec
         self._worker: Worker | None = None
         self._loaded: Any = None
+        self._pools: dict[str, Any] = {}  # pool key -> a one-worker WorkerPool (isolated jobs)
 
     def worker(self) -> Worker:
         if self._worker is None:
@@ -102,7 +107,31 @@ class TargetActor:
         busy, target.busy = target.busy, []
         return value, busy
 
+    def start_pool(self, key: str, spec: WorkerSpec, start_timeout: float) -> tuple[str, Any]:
+        """A one-worker isolation pool for ``spec`` on this actor (kept for the run: contract and
+        contract_fuzz share it): ``("ready", load seconds)`` or ``("load_error", why)``."""
+        from mmchaos.errors import TargetLoadError
+        from mmchaos.isolation import dispatch_job, start_pool
+
+        if key not in self._pools:
+            try:
+                self._pools[key] = start_pool(spec, dispatch_job, workers=1, start_timeout=start_timeout)
+            except TargetLoadError as exc:
+                return "load_error", exc.message
+        return "ready", max(self._pools[key].load_seconds, default=0.0)
+
+    def run_job(self, key: str, job: tuple[Any, Any, Any], timeout: float) -> tuple[JobResult, int]:
+        """One isolated job on this actor's pool: its result and the workers replaced meanwhile
+        (a job that kills or hangs the worker gets it replaced, as in the local pool)."""
+        pool = self._pools[key]
+        before = pool.replacements
+        results = list(pool.map([job], timeout))
+        return results[0][1], pool.replacements - before
+
     def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools = {}
         if self._worker is not None:
             self._loaded.close()  # the wrapper's close() would not reach it
             self._worker = None
@@ -134,8 +163,8 @@ class RayExecutor(Executor):
         resources: dict[str, float] = {"num_cpus": min(1.0, cpus / self.workers)}
         if spec.options.device.startswith("cuda"):
             resources["num_gpus"] = 1.0  # one target actor per device
-        actor_class = self._ray.remote(**resources)(TargetActor)
-        self._actors = [actor_class.remote(spec) for _ in range(self.workers)]
+        self._actor_class = self._ray.remote(**resources)(TargetActor)
+        self._actors = [self._actor_class.remote(spec) for _ in range(self.workers)]
         self._ray.get([a.ready.remote() for a in self._actors])
         log.info("ray executor: %d actor(s) hold %s", self.workers, spec.uri)
 
@@ -173,6 +202,25 @@ class RayExecutor(Executor):
                 raise failed[index]
             yield done.pop(index)
 
+    def isolated(
+        self,
+        spec: WorkerSpec,
+        handler: Handler,
+        *,
+        overlay: Mapping[str, Any] | None = None,
+        start_timeout: float = 300.0,
+        clock: ModelClock | None = None,
+    ) -> RayIsolatedPool:
+        return RayIsolatedPool(self, spec, handler, overlay=overlay, start_timeout=start_timeout, clock=clock)
+
+    def replace_actor(self, index: int) -> Any:
+        """Kill actor ``index`` (dead already, or stuck) and put a fresh one in its place; the new
+        actor loads the target when a unit first needs it."""
+        with contextlib.suppress(Exception):  # a dead actor cannot be killed twice
+            self._ray.kill(self._actors[index], no_restart=True)
+        self._actors[index] = self._actor_class.remote(self.spec)
+        return self._actors[index]
+
     def close(self) -> None:
         ray = self._ray
         for actor in getattr(self, "_actors", []):
@@ -193,3 +241,176 @@ def _add_busy(clock: ModelClock, busy: Busy) -> None:
     offset = time.perf_counter() - time.time()
     for start, end in busy:
         clock.add(start + offset, end + offset)
+
+
+ACTOR_GRACE_S = 30.0
+"""How long past a job's own timeout and a worker restart the driver waits for an actor's answer."""
+
+
+class RayIsolatedPool:
+    """Isolated jobs on the Ray executor's actors: each actor runs them in a one-worker pool of its
+    own (:class:`~mmchaos.isolation.WorkerPool`), one job in flight per actor.
+
+    The actor's worker process is the one a hostile input kills or hangs; the actor's pool reports
+    it (``crashed`` with the signal and the faulthandler trace, ``hung`` past the timeout) and
+    starts a new worker, exactly as the local pool does, so a job's result does not depend on the
+    executor. Should the actor itself die (a lost node, the actor killed) or not answer within the
+    job's timeout plus a worker restart, the job is ``crashed`` or ``hung``, the actor is replaced
+    and the other actors' jobs go on: every wait is bounded.
+    """
+
+    def __init__(
+        self,
+        executor: RayExecutor,
+        spec: WorkerSpec,
+        handler: Handler,
+        *,
+        overlay: Mapping[str, Any] | None = None,
+        start_timeout: float = 300.0,
+        clock: ModelClock | None = None,
+    ) -> None:
+        self.executor = executor
+        self.spec = spec
+        self.handler = handler
+        self.overlay = dict(overlay or {})
+        self.start_timeout = start_timeout
+        self.clock = clock
+        self.key = json.dumps([spec.uri, spec.options, spec.threads, spec.memory_limit_mb], sort_keys=True, default=str)
+        self.replacements = 0
+        self.load_seconds: list[float] = []
+        self._usable = [self._start(i) for i in range(len(executor._actors))]
+
+    @property
+    def workers(self) -> int:
+        return sum(self._usable)
+
+    def _start(self, index: int, *, replacing: bool = False) -> bool:
+        """Start (or find) the pool on actor ``index``; False when it cannot load the target."""
+        from mmchaos.errors import TargetLoadError
+
+        ray = self.executor._ray
+        actor = self.executor._actors[index]
+        try:
+            status, info = ray.get(
+                actor.start_pool.remote(self.key, self.spec, self.start_timeout),
+                timeout=self.start_timeout + ACTOR_GRACE_S,
+            )
+        except Exception as exc:  # the actor died or did not answer
+            status, info = "load_error", f"the Ray actor did not start its worker: {_first_line(exc)}"
+        if status == "ready":
+            self.load_seconds.append(float(info))
+            return True
+        if not replacing:
+            raise TargetLoadError(
+                f"the target cannot be loaded in a worker process by its URI {self.spec.uri!r}: {info}"
+            )
+        log.warning("a replacement Ray actor failed to start its worker: %s", info)
+        return False
+
+    def _replace(self, index: int) -> None:
+        self.executor.replace_actor(index)
+        self.replacements += 1
+        self._usable[index] = self._start(index, replacing=True)
+
+    def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
+        """Run every payload once; yields (index, result) as they finish.
+
+        Each actor has up to :data:`IN_FLIGHT_PER_WORKER` jobs queued (it runs them in order, so the
+        next one is there when the current one ends). The job at the head of an actor's queue is the
+        one running: when the actor dies, that job crashed and the ones queued behind it run again
+        elsewhere; when the head gets no answer within its timeout plus a worker restart (counted
+        from when it could start), it hung, the actor is replaced and its queue runs again.
+        """
+        from mmchaos.isolation import JobResult, describe_exception
+
+        ray = self.executor._ray
+        actors = self.executor._actors
+        bound = timeout + self.start_timeout + ACTOR_GRACE_S
+        todo = list(range(len(payloads)))[::-1]  # a stack: the next job is last
+        queues: list[deque[tuple[Any, int]]] = [deque() for _ in actors]  # (ref, payload index), head running
+        since = [0.0] * len(actors)  # when each actor's head job could start at the earliest
+        where: dict[Any, int] = {}  # ref -> actor index
+
+        def requeue(a: int) -> int:
+            """Empty actor ``a``'s queue; put all but its head back in front of the jobs to do; the head."""
+            head = queues[a].popleft()
+            for ref, index in reversed(queues[a]):
+                where.pop(ref, None)
+                todo.append(index)
+            queues[a].clear()
+            where.pop(head[0], None)
+            return head[1]
+
+        while todo or any(queues):
+            for depth in range(1, IN_FLIGHT_PER_WORKER + 1):  # one job per actor first (warm-ups reach each)
+                for a in range(len(actors)):
+                    if not (todo and self._usable[a] and len(queues[a]) < depth):
+                        continue
+                    index = todo.pop()
+                    ref = actors[a].run_job.remote(self.key, (self.handler, self.overlay, payloads[index]), timeout)
+                    if not queues[a]:
+                        since[a] = time.monotonic()
+                    queues[a].append((ref, index))
+                    where[ref] = a
+            if not any(queues):  # jobs left and no actor that can run them
+                while todo:
+                    yield todo.pop(), JobResult("error", detail="no Ray actor could (re)start a worker")
+                return
+            left = min(since[a] + bound for a in range(len(actors)) if queues[a]) - time.monotonic()
+            ready, _ = ray.wait(list(where), num_returns=1, timeout=max(0.0, left))
+            for ref in ready:
+                a = where.pop(ref)
+                elapsed = time.monotonic() - since[a]
+                try:
+                    result, replaced = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:  # the actor process itself died
+                    where[ref] = a
+                    yield from self._finished_before_death(queues[a], where)  # jobs ahead of the fatal one
+                    index = requeue(a)
+                    self._replace(a)
+                    yield index, JobResult("crashed", seconds=elapsed, detail=f"the Ray actor died: {_first_line(exc)}")
+                    continue
+                except Exception as exc:  # the harness failed on the actor
+                    result = JobResult("error", error=describe_exception(exc), seconds=elapsed,
+                                       detail="the harness failed on the Ray actor")  # fmt: skip
+                    replaced = 0
+                index = next(i for r, i in queues[a] if r == ref)
+                queues[a] = deque((r, i) for r, i in queues[a] if r != ref)
+                since[a] = time.monotonic()
+                self.replacements += replaced
+                if self.clock is not None and result.busy_seconds > 0:
+                    now = time.perf_counter()
+                    self.clock.add(now - min(result.busy_seconds, elapsed), now)
+                yield index, result
+            now = time.monotonic()
+            for a in range(len(actors)):
+                if queues[a] and now - since[a] > bound:
+                    index = requeue(a)
+                    self._replace(a)
+                    detail = f"no answer from the Ray actor within {bound:g} s; actor replaced"
+                    yield index, JobResult("hung", seconds=now - since[a], detail=detail)
+
+    def _finished_before_death(
+        self, queue: deque[tuple[Any, int]], where: dict[Any, int]
+    ) -> Iterator[tuple[int, JobResult]]:
+        """The jobs at the head of a dead actor's queue that had answered before it died (the death
+        may be seen first), taken off the queue: the first one that had not is the one that killed it."""
+        ray = self.executor._ray
+        while queue:
+            ref, index = queue[0]
+            try:
+                result, replaced = ray.get(ref, timeout=ACTOR_GRACE_S)
+            except Exception:  # died with the actor (or never ran)
+                return
+            queue.popleft()
+            where.pop(ref, None)
+            self.replacements += replaced
+            yield index, result
+
+    def close(self) -> None:
+        """The actors keep their pools for the run's other checks; the executor closes them."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

@@ -2,7 +2,9 @@
 
 Every case of :mod:`~mmchaos.checks.contract.corpus` runs through the target's own decoding
 path (``embed_encoded_images``, ``read_encoded_images``, ``embed_encoded_texts``) or its array
-API, inside a pool of worker processes that each load the target once by URI. Outcomes:
+API, inside a pool of worker processes that each load the target once by URI (the run's shared
+pool, or with ``--executor ray`` a one-worker pool on each Ray actor). Each case is a keyed work
+unit, committed to the run store as it arrives, so ``--resume`` does not run it again. Outcomes:
 
 * ``rejected`` -- a typed error (an :class:`~mmchaos.errors.MMChaosError`, or a class the
   parameters accept);
@@ -29,17 +31,16 @@ from mmchaos.checks.base import ANY_MODALITY, AnyCheck, Check, CheckContext, Gat
 from mmchaos.checks.contract.corpus import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
+from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.guard.limits import INT32_MAX, int32_wrapped_product
 from mmchaos.isolation import (
     ErrorInfo,
     InProcessRunner,
     JobResult,
-    PoolView,
     WorkerSpec,
     describe_exception,
     prefetch_pool,
-    run_pool,
     shared_spec,
     worker_spec,
 )
@@ -446,7 +447,8 @@ class Contract(Check[ContractParams, ContractGate]):
         start = time.perf_counter()
         if p.isolation == "subprocess":
             try:
-                with run_pool(
+                # The run's shared pool, or a worker on each Ray actor; cases are journaled units.
+                with open_isolated(
                     ctx, pool_spec(target, p), _job, workers=self._workers(cases), start_timeout=p.start_timeout_s,
                     overlay=overlay,
                 ) as view:  # fmt: skip
@@ -454,7 +456,7 @@ class Contract(Check[ContractParams, ContractGate]):
             except TargetLoadError as exc:
                 yield worker_load_error(self, ctx, target, exc)
                 return
-            runner: PoolView | InProcessRunner = view
+            runner: JobRunner = view
         else:
             spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
             runner = InProcessRunner(target, spec, _job)
@@ -470,17 +472,22 @@ class Contract(Check[ContractParams, ContractGate]):
         prefetch_shared_pool(ctx, self.params)
 
     def _run_cases(
-        self, ctx: CheckContext, target: Target, cases: list[Case], runner: PoolView | InProcessRunner
+        self, ctx: CheckContext, target: Target, cases: list[Case], runner: JournaledRunner | InProcessRunner
     ) -> dict[str, CaseOutcome]:
         p = self.params
         g = self.gate
         outcomes: dict[str, CaseOutcome] = {}
         bar = ctx.progress.task(f"{ctx.check_id}: hostile inputs", total=len(cases))
         try:
-            warmups = runner.workers if isinstance(runner, PoolView) else 1
+            warmups = runner.workers if isinstance(runner, JournaledRunner) else 1
             list(runner.map([("warmup", None)] * warmups, p.timeout_s * 4))
             payloads = [("case", c.name) for c in cases]
-            for index, job in runner.map(payloads, p.timeout_s):
+            jobs = (
+                runner.map(payloads, p.timeout_s, keys=[f"case:{c.name}" for c in cases])
+                if isinstance(runner, JournaledRunner)
+                else runner.map(payloads, p.timeout_s)
+            )
+            for index, job in jobs:
                 case = cases[index]
                 if job.status == "ok" and job.value.get("not_applicable"):
                     continue
@@ -500,7 +507,7 @@ class Contract(Check[ContractParams, ContractGate]):
         outcomes: dict[str, CaseOutcome],
         base: CorpusBase,
         wall: float,
-        runner: PoolView | InProcessRunner,
+        runner: JobRunner,
         unsafe: list[str],
     ) -> Iterator[Finding]:
         p = self.params
@@ -619,8 +626,10 @@ def pool_spec(target: Target, p: Any) -> WorkerSpec:
 
 
 def prefetch_shared_pool(ctx: CheckContext, p: Any) -> None:
-    """Start the run's worker pool now (a check's ``prepare``), so it loads the model while other checks run."""
-    if p.isolation == "subprocess":
+    """Start the run's worker pool now (a check's ``prepare``), so it loads the model while other checks run.
+
+    Not with a Ray executor: the checks' workers run on the actors then (started on first use)."""
+    if p.isolation == "subprocess" and ctx.executor is None:
         prefetch_pool(ctx, pool_spec(unwrap(ctx.target), p), workers=p.workers, start_timeout=p.start_timeout_s)
 
 

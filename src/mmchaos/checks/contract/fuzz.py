@@ -14,7 +14,8 @@ a schema-driven phase sends bodies derived from the server's ``/openapi.json`` w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -25,18 +26,14 @@ from mmchaos.checks.contract.contract import _base_sample, pool_spec, prefetch_s
 from mmchaos.checks.contract.corpus import CorpusBase, select_cases
 from mmchaos.checks.evidence import safe_name
 from mmchaos.errors import TargetLoadError
+from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.fuzz import Failure, FuzzConfig, Fuzzer, FuzzReport, Seed
 from mmchaos.fuzz.formats import sniff
 from mmchaos.fuzz.replay import replay_command
 from mmchaos.fuzz.seeds import format_seeds, shrink, text_seeds
 from mmchaos.fuzz.worker import fuzz_job, method_for
-from mmchaos.isolation import (
-    InProcessRunner,
-    PoolView,
-    run_pool,
-    worker_spec,
-)
+from mmchaos.isolation import InProcessRunner, JobResult, worker_spec
 from mmchaos.targets.base import Target
 from mmchaos.targets.wrappers import unwrap
 
@@ -147,6 +144,34 @@ class _RequestGate:
         return True
 
 
+class Rounds:
+    """The fuzzer's batches as keyed units: the engine decides each batch on the driver from the
+    results of the earlier ones (seeded), so a batch's inputs are known before they run, and a
+    resumed run that replays the same seed asks for the same batches in the same order.
+
+    An input's key is its batch number, its place in the batch and a digest of its bytes: a resumed
+    campaign that took another path (a time budget ran out elsewhere) computes what it has not seen.
+    """
+
+    def __init__(self, runner: JournaledRunner) -> None:
+        self.runner = runner
+        self.batches = 0
+
+    @property
+    def replacements(self) -> int:
+        return self.runner.replacements
+
+    def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
+        batch = self.batches
+        self.batches += 1
+        keys = [f"b{batch}.{i}.{_digest(kind, data)}" for i, (kind, data) in enumerate(payloads)]
+        return self.runner.map(payloads, timeout, keys=keys)
+
+
+def _digest(kind: str, data: bytes) -> str:
+    return hashlib.sha256(kind.encode() + b"\0" + bytes(data)).hexdigest()[:16]
+
+
 class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     """Mutation fuzzing of encoded images and texts in isolated workers: no crash, hang or garbage."""
 
@@ -182,15 +207,17 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
             novelty=p.novelty,
         )
         overlay = {"accepted_errors": tuple(p.accepted_errors)}
-        runner: PoolView | InProcessRunner
+        runner: JobRunner
         if p.isolation == "subprocess":
             try:
-                # The run's shared pool (contract's and determinism's): started once, loaded already.
-                with run_pool(
+                # The run's shared pool (contract's and determinism's): started once, loaded already;
+                # or a worker on each Ray actor. Every batch's inputs are journaled units.
+                with open_isolated(
                     ctx, pool_spec(target, p), fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s,
                     overlay=overlay,
-                ) as runner:  # fmt: skip
-                    report = self._fuzz(ctx, runner, seeds, config, gate)
+                ) as journaled:  # fmt: skip
+                    runner = journaled
+                    report = self._fuzz(ctx, Rounds(journaled), seeds, config, gate)
             except TargetLoadError as exc:
                 yield worker_load_error(self, ctx, target, exc)
                 return
@@ -208,7 +235,7 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     def _fuzz(
         self,
         ctx: CheckContext,
-        runner: PoolView | InProcessRunner,
+        runner: Rounds | InProcessRunner,
         seeds: list[Seed],
         config: FuzzConfig,
         gate: _RequestGate | None,
