@@ -137,20 +137,25 @@ def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alia
 # --- shot noise by inverse CDF --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("photons", [60, 12, 3])
-@pytest.mark.parametrize("level", [0, 1, 40, 128, 255])
-def test_shot_noise_table_has_the_poisson_distribution(photons: int, level: int) -> None:
+@pytest.mark.parametrize("photons", [60, 25, 12, 5, 3])
+def test_shot_noise_table_has_the_poisson_distribution(photons: int) -> None:
+    """Every level of every ImageNet-C table: the mean within 0.05 levels and the variance within
+    1.5% (or two levels squared, for the rare bright outcomes of dark levels) of the exact
+    distribution's: 2**12 quantiles move each outcome's probability by at most 1/8192."""
     table = _ops.poisson_level_table(float(photons))
-    rate = level * photons / 255.0
-    # The exact distribution of the output level, from the Poisson pmf, next to the table's.
+    assert table.shape == (256, 1 << _ops.POISSON_BITS)  # [level, quantile]
     k = np.arange(0, 4 * photons + 40)
-    pmf = np.exp(k * math.log(rate) - rate - np.array([math.lgamma(i + 1) for i in k])) if rate > 0 else (k == 0) * 1.0
     values = np.clip((k * (255.0 / photons)).astype(np.float32), 0, 255).astype(np.uint8).astype(float)
-    column = table[:, level].astype(float)
-    mean = float((pmf * values).sum())
-    var = float((pmf * (values - mean) ** 2).sum())
-    assert column.mean() == pytest.approx(mean, abs=0.05)
-    assert column.var() == pytest.approx(var, rel=0.01, abs=0.05)
+    log_fact = np.array([math.lgamma(i + 1) for i in k])
+    for level in range(256):
+        rate = level * photons / 255.0
+        # The exact distribution of the output level, from the Poisson pmf, next to the table's.
+        pmf = np.exp(k * math.log(rate) - rate - log_fact) if rate > 0 else (k == 0) * 1.0
+        row = table[level].astype(float)
+        mean = float((pmf * values).sum())
+        var = float((pmf * (values - mean) ** 2).sum())
+        assert row.mean() == pytest.approx(mean, abs=0.05), level
+        assert row.var() == pytest.approx(var, rel=0.015, abs=2.0), level
 
 
 def test_shot_noise_past_the_table_uses_the_normal_approximation() -> None:

@@ -113,10 +113,9 @@ class Pixelate(ImagePerturbation):
     def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         h, w = item.shape[:2]
         factor = float(params["factor"])
-        # PIL's BOX filter to int(W * factor) is OpenCV's area filter to that size (given as a
-        # size: passed as a scale factor, OpenCV's area path computes something else); PIL's
+        # PIL's BOX filter to int(W * factor) (runs of whole pixels, see _ops.box_downscale); PIL's
         # nearest neighbour samples pixel centres, as INTER_NEAREST_EXACT does.
-        small = cv2.resize(item, (max(1, int(w * factor)), max(1, int(h * factor))), interpolation=cv2.INTER_AREA)
+        small = _ops.box_downscale(item, max(1, int(w * factor)), max(1, int(h * factor)))
         return as_u8(cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST_EXACT))
 
 

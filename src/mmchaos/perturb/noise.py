@@ -51,8 +51,11 @@ class GaussianNoise(StackKernel):
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])
-        noise = np.take(_ops.scaled_normal_quantiles(float(params[0]["sigma"]) * 255.0), fields)
-        return _truncate(cv2.add(rows(noise), rows(images), dtype=cv2.CV_32F))
+        # Whole-level offsets added with saturation: the reference's trunc(clip(x + n)) for
+        # integer x (see _ops.normal_level_offsets), with no float pass over the image.
+        noise = np.take(_ops.normal_level_offsets(float(params[0]["sigma"]) * 255.0), fields)
+        noise += images
+        return np.clip(noise, 0, 255, out=noise).astype(np.uint8)
 
 
 class ShotNoise(StackKernel):

@@ -108,11 +108,17 @@ class Fog(ImagePerturbation):
         strength = float(params["strength"])
         size = _ops.next_power_of_2(max(h, w))
         cloud = _ops.plasma_fractal(size, float(params["decay"]), np.random.default_rng(params["seed"]))
-        x = _float(item)
-        max_val = float(x.max())
-        x += (np.float32(strength) * cloud[:h, :w].astype(np.float32))[..., None]
-        x *= np.float32(max_val / (max_val + strength))
-        return _to_uint8(x)
+        # (x / 255 + strength * cloud) * max / (max + strength), clipped to [0, 1], times 255 and
+        # truncated: on the 0-255 scale, one scaling of the image and one of the cloud.
+        max_val = float(item.max()) / 255.0
+        gain = max_val / (max_val + strength)
+        x = item.astype(np.float32)
+        x *= np.float32(gain)
+        haze = cloud[:h, :w] * np.float32(255.0 * strength * gain)
+        x += haze[..., None]
+        np.minimum(x, np.float32(255.0), out=x)  # both terms are >= 0
+        out: ImageArray = x.astype(np.uint8)
+        return out
 
 
 class Brightness(StackKernel):
