@@ -242,3 +242,40 @@ def test_uniform16_is_numpys_16_bit_integers(shape: tuple[int, ...]) -> None:
     """The fast draw gives NumPy's bytes, so noise records made before it replay unchanged."""
     expected = np.random.default_rng(99).integers(0, 65536, size=shape, dtype=np.uint16)
     assert np.array_equal(_ops.uniform16(np.random.default_rng(99), shape), expected)
+
+
+# --- one noise stream a batch -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"])
+def test_a_batch_draws_its_noise_from_one_stream_and_each_item_replays_alone(name: str) -> None:
+    pert = perturb.get(name)
+    flat = np.full((4, 16, 12, 3), 128, np.uint8)
+    out, applied = pert(flat, 5, rng=8)
+    seeds = {p["seed"] for p in applied.items}
+    words = _ops.uniform16_words(flat.shape[1:])
+    assert len(seeds) == 1 and [p["offset"] for p in applied.items] == [0, words, 2 * words, 3 * words]
+    assert len({o.tobytes() for o in out}) == 4  # four different fields, not one repeated
+    assert all(np.array_equal(b, a) for b, a in zip(out, _one_by_one(pert, flat, applied), strict=True))
+
+
+def test_uniform16_stack_reads_each_item_at_its_offset() -> None:
+    shape = (5, 7, 3)  # 105 values: 27 outputs, the last one's spare words dropped
+    words = _ops.uniform16_words(shape)
+    stream = np.random.PCG64(4).random_raw(3 * words).astype("<u8").view("<u2").reshape(3, words * 4)
+    expected = stream[:, : 5 * 7 * 3].reshape(3, *shape)
+    assert np.array_equal(_ops.uniform16_stack([4, 4, 4], shape, [0, words, 2 * words]), expected)
+    assert np.array_equal(_ops.uniform16_stack([4], shape, [words])[0], expected[1])  # one item alone
+    # A record without an offset (one item sampled alone, or made before offsets) starts the stream.
+    assert np.array_equal(_ops.uniform16_stack([9], shape)[0], _ops.uniform16(np.random.default_rng(9), shape))
+
+
+def test_a_grey_or_rgba_item_in_a_mixed_batch_replays_with_its_offset() -> None:
+    pert = perturb.get("gaussian_noise")
+    grey = RNG.integers(0, 256, (24, 20), dtype=np.uint8)
+    rgba = RNG.integers(0, 256, (24, 20, 4), dtype=np.uint8)
+    out, applied = pert([STACK[0], grey, rgba], 3, rng=0)
+    for i, item in enumerate([STACK[0], grey, rgba]):
+        alone = pert.replay([item], Applied(applied.name, 3, (applied.items[i],)))[0]
+        assert np.array_equal(alone, out[i])
+    assert not np.array_equal(out[1], pert.replay([grey], Applied(applied.name, 3, (applied.items[0],)))[0])

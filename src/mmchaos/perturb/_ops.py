@@ -10,6 +10,7 @@ are the same operations through OpenCV, with the border modes and kernel radii c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -109,11 +110,44 @@ def uniform16(gen: np.random.Generator, shape: tuple[int, ...]) -> npt.NDArray[n
     return words.reshape(shape)
 
 
-def uniform16_stack(seeds: list[int], shape: tuple[int, ...]) -> npt.NDArray[np.uint16]:
-    """One :func:`uniform16` field per seed, stacked: item ``i`` equals ``uniform16(default_rng(seeds[i]))``."""
-    out = np.empty((len(seeds), *shape), dtype=np.uint16)
-    for i, seed in enumerate(seeds):
-        out[i] = uniform16(np.random.Generator(np.random.PCG64(seed)), shape)  # default_rng(seed)
+def uniform16_words(shape: tuple[int, ...]) -> int:
+    """How many 64-bit outputs :func:`uniform16` takes for a field of ``shape``."""
+    return (int(np.prod(shape)) + 3) // 4
+
+
+def uniform16_stack(
+    seeds: Sequence[int], shape: tuple[int, ...], offsets: Sequence[int] | None = None
+) -> npt.NDArray[np.uint16]:
+    """One :func:`uniform16` field per item, stacked: item ``i`` is the field drawn from
+    ``default_rng(seeds[i])`` after skipping ``offsets[i]`` 64-bit outputs (none by default).
+
+    Items that continue one stream (the same seed, each offset the previous one plus a field's
+    :func:`uniform16_words`) are drawn in one call: a batch sampled together shares one seed
+    (see :class:`mmchaos.perturb.noise.NoiseKernel`), so its fields cost one generator and one
+    draw instead of one each, and any item still replays alone from its (seed, offset).
+    """
+    n = len(seeds)
+    skips = list(offsets) if offsets is not None else [0] * n
+    count = int(np.prod(shape))
+    words = uniform16_words(shape)
+    out: npt.NDArray[np.uint16] | None = None
+    start = 0
+    while start < n:
+        stop = start + 1
+        while stop < n and seeds[stop] == seeds[start] and skips[stop] == skips[stop - 1] + words:
+            stop += 1
+        bitgen = np.random.PCG64(int(seeds[start]))  # default_rng(seed)'s generator
+        if skips[start]:
+            bitgen.advance(int(skips[start]))
+        raw = bitgen.random_raw((stop - start) * words).astype("<u8", copy=False).view("<u2")
+        block = raw.reshape(stop - start, words * 4)
+        if start == 0 and stop == n and words * 4 == count:
+            return block.reshape(n, *shape)  # one stream, no padding: the draw is the stack
+        if out is None:
+            out = np.empty((n, *shape), dtype=np.uint16)
+        out[start:stop] = block[:, :count].reshape(stop - start, *shape)
+        start = stop
+    assert out is not None
     return out
 
 

@@ -26,10 +26,10 @@ def jpeg_roundtrip(item: ImageArray, quality: int) -> ImageArray:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(item, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
     if not ok:  # pragma: no cover - OpenCV encodes any uint8 RGB image
         raise RuntimeError("JPEG encoding failed")
-    decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    decoded = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB)  # libjpeg writes RGB: no second conversion
     if decoded is None:  # pragma: no cover - what OpenCV encoded it decodes
         raise RuntimeError("JPEG decoding failed")
-    return as_u8(cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB))
+    return as_u8(decoded)
 
 
 class JpegCompression(ImagePerturbation):

@@ -33,11 +33,38 @@ def _truncate(values: Any) -> ImageArray:
 
 
 def _fields(params: Sequence[dict[str, Any]], shape: tuple[int, ...]) -> Any:
-    """The uniform 16-bit noise fields of the items, from their recorded seeds."""
-    return _ops.uniform16_stack([int(p["seed"]) for p in params], shape)
+    """The uniform 16-bit noise fields of the items, from their recorded seeds and offsets."""
+    return _ops.uniform16_stack([int(p["seed"]) for p in params], shape, [int(p.get("offset", 0)) for p in params])
 
 
-class GaussianNoise(StackKernel):
+class NoiseKernel(StackKernel):
+    """A noise kernel: one parameter from ``TABLE`` (named ``PARAM``) and a recorded noise field.
+
+    A batch is sampled with one seed: item ``i``'s field is the stretch of that seed's stream
+    after the fields of items ``0 .. i-1`` (``offset``, in 64-bit outputs), so the batch draws
+    its noise in one call while each record still replays alone. A record without an offset
+    (made one item at a time, or before offsets) reads its stream from the start.
+    """
+
+    TABLE: tuple[Any, ...] = ()
+    PARAM = ""
+
+    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {self.PARAM: severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+
+    def sample_batch(
+        self, batch: Sequence[ImageArray], severity: int, rng: np.random.Generator
+    ) -> list[dict[str, Any]]:
+        seed, offset, params = draw_seed(rng), 0, []
+        value = severity_value(self.TABLE, severity)
+        for item in batch:
+            params.append({self.PARAM: value, "seed": seed, "offset": offset})
+            # The kernel sees three channels whatever the layout (grey is widened, alpha kept aside).
+            offset += _ops.uniform16_words((*np.shape(item)[:2], 3))
+        return params
+
+
+class GaussianNoise(NoiseKernel):
     """Additive Gaussian noise, sigma from ImageNet-C's table."""
 
     name = "gaussian_noise"
@@ -46,8 +73,7 @@ class GaussianNoise(StackKernel):
     TABLE = (0.08, 0.12, 0.18, 0.26, 0.38)
     KEYS = ("sigma",)
 
-    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
-        return {"sigma": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+    PARAM = "sigma"
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])
@@ -58,7 +84,7 @@ class GaussianNoise(StackKernel):
         return np.clip(noise, 0, 255, out=noise).astype(np.uint8)
 
 
-class ShotNoise(StackKernel):
+class ShotNoise(NoiseKernel):
     """Poisson (photon) noise at ImageNet-C's photon counts."""
 
     name = "shot_noise"
@@ -67,8 +93,7 @@ class ShotNoise(StackKernel):
     TABLE = (60, 25, 12, 5, 3)
     KEYS = ("photons",)
 
-    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
-        return {"photons": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+    PARAM = "photons"
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])
@@ -76,7 +101,7 @@ class ShotNoise(StackKernel):
         return _ops.poisson_levels(images, fields, float(params[0]["photons"]))
 
 
-class ImpulseNoise(StackKernel):
+class ImpulseNoise(NoiseKernel):
     """Salt-and-pepper noise: a share of the values set to 0 or 255 (ImageNet-C's amounts)."""
 
     name = "impulse_noise"
@@ -85,8 +110,7 @@ class ImpulseNoise(StackKernel):
     TABLE = (0.03, 0.06, 0.09, 0.17, 0.27)
     KEYS = ("amount",)
 
-    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
-        return {"amount": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+    PARAM = "amount"
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])
@@ -99,7 +123,7 @@ class ImpulseNoise(StackKernel):
         return cv2.bitwise_or(cv2.bitwise_and(item, cv2.bitwise_not(hit)), salt)
 
 
-class SpeckleNoise(StackKernel):
+class SpeckleNoise(NoiseKernel):
     """Multiplicative Gaussian noise, x + x * N(0, sigma) (ImageNet-C's validation corruption)."""
 
     name = "speckle_noise"
@@ -108,8 +132,7 @@ class SpeckleNoise(StackKernel):
     TABLE = (0.15, 0.2, 0.35, 0.45, 0.6)
     KEYS = ("sigma",)
 
-    def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
-        return {"sigma": severity_value(self.TABLE, severity), "seed": draw_seed(rng)}
+    PARAM = "sigma"
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])

@@ -153,8 +153,9 @@ class Brightness(StackKernel):
         scale = cv2.LUT(value, gain.astype(np.float32))
         # Rounds where the reference truncates: within one level, for a single fused pass.
         out = as_u8(cv2.multiply(item, cv2.merge([scale, scale, scale]), dtype=cv2.CV_8U))
-        if offset > 0:
-            out[value == 0] = min(round(offset), 255)
+        if offset > 0:  # black pixels (0 after the multiply) become grey: a masked add
+            grey = float(min(round(offset), 255))
+            _ops.CV.add(out, (grey, grey, grey, 0.0), dst=out, mask=_ops.CV.compare(value, 0, cv2.CMP_EQ))
         return out
 
 
