@@ -62,15 +62,15 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    The uint8 input goes straight in and only the output is float32 (``ddepth=CV_32F``): on
-    OpenCV 5.0 converting the input to float32 first made defocus blur 1.6-2.7x slower than a
-    plain uint8 ``filter2D``, while this is within 5% of it (benchmarks/perturb_speed.md). The
-    values match the float32-input path except where float summation order moves a sum across
-    an integer (under 2% of values, by one level).
+    uint8 in and out, with ``delta = -(0.5 - 2**-16)``: OpenCV rounds its float sum, and
+    rounding ``v - (0.5 - 2**-16)`` truncates ``v`` (see :func:`truncate_u8`). On OpenCV 5.0 converting the input
+    to float32 first made defocus blur 1.6-2.7x slower than a plain uint8 ``filter2D``; a float32
+    output then clipped and converted in NumPy cost two more passes. Kernels of under 130 taps
+    (defocus severities 1-2, once :func:`disk` is cropped to its support) take OpenCV's direct
+    path, larger ones its DFT. The values match the float32-input path except where float
+    summation order moves a sum across an integer (under 2% of values, by one level).
     """
-    out = cv2.filter2D(img, cv2.CV_32F, kernel, borderType=border)
-    np.clip(out, 0.0, 255.0, out=out)
-    return out.astype(np.uint8)
+    return cv2.filter2D(img, -1, kernel, delta=-TRUNCATE_OFFSET, borderType=border)
 
 
 @lru_cache(maxsize=1)
@@ -244,7 +244,15 @@ def disk(radius: float, alias_blur: float) -> F32:
     x, y = np.meshgrid(coords, coords)
     aliased = np.array((x**2 + y**2) <= radius**2, dtype=np.float32)
     aliased = aliased / np.float32(aliased.sum())
-    return np.asarray(cv2.GaussianBlur(aliased, ksize=ksize, sigmaX=alias_blur), dtype=np.float32)
+    kernel = np.asarray(cv2.GaussianBlur(aliased, ksize=ksize, sigmaX=alias_blur), dtype=np.float32)
+    # Cropped to its non-zero support (symmetric, so the anchor stays the centre): the zero taps
+    # add nothing, but a 17 x 17 box sent radius 3 through the DFT instead of the direct path.
+    used = np.flatnonzero(kernel.any(axis=0))
+    lo, hi = min(int(used[0]), len(kernel) - 1 - int(used[-1])), len(kernel) - 1
+    hi -= lo
+    cropped: F32 = np.ascontiguousarray(kernel[lo : hi + 1, lo : hi + 1])
+    cropped.flags.writeable = False
+    return cropped
 
 
 def plasma_fractal(mapsize: int, wibbledecay: float, rng: np.random.Generator) -> F32:
@@ -397,16 +405,17 @@ def motion_blur(img: Any, radius: int, sigma: float, angle: float) -> Any:
     return acc
 
 
-TRUNCATE_OFFSET = 0.5 - 1.0 / 1024.0
+TRUNCATE_OFFSET = 0.5 - 2.0**-16
 
 
 def truncate_u8(x: Any, alpha: float = 1.0) -> U8:
     """``uint8(clip(alpha * x, 0, 255))`` (truncating, as the reference's ``np.uint8``) in one pass,
     for ``alpha * x >= 0``.
 
-    ``convertScaleAbs`` rounds; rounding ``v - 0.499`` truncates ``v``, except for a ``v`` within
-    1/1024 below an integer (float noise, as the reference's own arithmetic has), where it rounds
-    up. A clip, a multiply and a conversion in NumPy took five times longer.
+    ``convertScaleAbs`` rounds; rounding ``v - (0.5 - 2**-16)`` truncates ``v``, except for a
+    ``v`` within 2**-16 below an integer (one float32 step at 128-255: float noise, as the
+    reference's own arithmetic has), where it rounds up. A clip, a multiply and a conversion in
+    NumPy took five times longer.
     """
     out: U8 = np.asarray(cv2.convertScaleAbs(x, alpha=alpha, beta=-TRUNCATE_OFFSET), dtype=np.uint8)
     return out

@@ -11,6 +11,7 @@ stack of one, so batched and per-image results are the same bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -23,13 +24,6 @@ from mmchaos.perturb.base import ImageArray, draw_seed, severity_value
 
 IMAGENET_C = "ImageNet-C (Hendrycks & Dietterich 2019)"
 IMAGENET_C_EXTRA = "ImageNet-C validation set (Hendrycks & Dietterich 2019)"
-
-
-def _truncate(values: Any) -> ImageArray:
-    """Clip to 0-255 and truncate, as the reference's ``np.uint8(clip(x, 0, 1) * 255)`` does."""
-    np.clip(values, 0.0, 255.0, out=values)
-    out: ImageArray = values.astype(np.uint8)
-    return out
 
 
 def _fields(params: Sequence[dict[str, Any]], shape: tuple[int, ...]) -> Any:
@@ -136,5 +130,18 @@ class SpeckleNoise(NoiseKernel):
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         fields = _fields(params, images.shape[1:])
-        factor = np.take(_ops.scaled_normal_quantiles(float(params[0]["sigma"]), 1.0), fields)
-        return _truncate(cv2.multiply(rows(factor), rows(images), dtype=cv2.CV_32F))
+        factor = np.take(_speckle_factors(float(params[0]["sigma"])), fields)
+        return _ops.truncate_u8(cv2.multiply(rows(factor), rows(images), dtype=cv2.CV_32F))
+
+
+@lru_cache(maxsize=8)
+def _speckle_factors(sigma: float) -> Any:
+    """``1 + sigma * z`` for the normal quantiles ``z``, floored at 0.
+
+    A negative factor makes a negative product, which the reference clips to 0; a factor of 0
+    gives that 0 directly, so every product is >= 0 and one truncating conversion finishes the
+    kernel (:func:`mmchaos.perturb._ops.truncate_u8`).
+    """
+    factors = np.maximum(_ops.scaled_normal_quantiles(sigma, 1.0), np.float32(0.0))
+    factors.flags.writeable = False
+    return factors
