@@ -194,11 +194,10 @@ class Spatter(ImagePerturbation):
         liquid = _ops.gaussian(np.take(table, _ops.uniform16(gen, (h, w))), float(params["sigma"]))
         threshold = float(params["threshold"])
         _, liquid = cv2.threshold(liquid, threshold, 0.0, cv2.THRESH_TOZERO)  # below it to zero
-        x = item.astype(np.float32)  # the rest on the 0-255 scale
+        # The rest on the 0-255 scale, the image added in float32 by OpenCV (no converted copy).
         if not params["mud"]:
-            # (clip(liquid, 0, 1) * 255) truncated to uint8; liquid is >= 0 past the threshold.
-            liquid_u8 = np.minimum(liquid, np.float32(1.0)) * np.float32(255.0)
-            dist = 255 - cv2.Canny(liquid_u8.astype(np.uint8), 50, 150)
+            # uint8(clip(liquid, 0, 1) * 255): liquid is >= 0 past the threshold, 255 saturates.
+            dist = 255 - cv2.Canny(_ops.truncate_u8(liquid, 255.0), 50, 150)
             dist = cv2.distanceTransform(dist, cv2.DIST_L2, 5)
             _, dist = cv2.threshold(dist, 20, 20, cv2.THRESH_TRUNC)
             dist = cv2.blur(dist, (3, 3)).astype(np.uint8)
@@ -207,15 +206,16 @@ class Spatter(ImagePerturbation):
             m = cv2.blur(dist, (3, 3)).astype(np.float32)
             m *= liquid
             peak = float(m.max())
-            if peak > 0:
-                m *= np.float32(float(params["strength"]) / peak)
-            water = _ops.CV.multiply(_ops.gray_to_rgb(m), self._WATER_255)
-            return _ops.truncate_u8(cv2.add(x, water))  # every term is >= 0
+            # m * strength / peak, times the water colour: one per-channel multiply.
+            gain = float(params["strength"]) / peak if peak > 0 else 0.0
+            colour = tuple(c * gain for c in self._WATER_255)
+            water = _ops.CV.multiply(_ops.gray_to_rgb(m), colour)
+            return _ops.truncate_u8(cv2.add(item, water, dtype=cv2.CV_32F))  # every term is >= 0
         m = (liquid > threshold).astype(np.float32)
         m = _ops.gaussian(m, float(params["strength"]))
         _, m = cv2.threshold(m, 0.8, 0.0, cv2.THRESH_TOZERO)
         m3 = _ops.gray_to_rgb(m)
-        # x * (1 - m) + m * mud, with m in [0, 1]: a blend of two non-negative terms.
-        mud = _ops.CV.multiply(m3, self._MUD_255)
-        cv2.multiply(x, _ops.CV.subtract((1.0, 1.0, 1.0, 1.0), m3), dst=x)  # a bare 1.0 may reach one channel only
-        return _ops.truncate_u8(cv2.add(x, mud))
+        # x * (1 - m) + m * mud, with m in [0, 1]: a blend of two non-negative terms. (A bare 1.0
+        # as an OpenCV scalar may reach the first channel only: four of them.)
+        kept = cv2.multiply(item, _ops.CV.subtract((1.0, 1.0, 1.0, 1.0), m3), dtype=cv2.CV_32F)
+        return _ops.truncate_u8(cv2.add(kept, _ops.CV.multiply(m3, self._MUD_255)))
