@@ -57,9 +57,10 @@ FLOORS = [
     "has little left to remove: jpeg_compression (libjpeg-turbo's encoder and decoder in both; mmchaos "
     "only skips Pillow's image objects and a colour conversion), pixelate (Pillow's box downscale, which "
     "mmchaos now reproduces within one level through an integral image, and a nearest-neighbour upscale), "
-    "defocus_blur (the reference filters each channel in float32 with OpenCV; mmchaos filters the uint8 "
-    "image once, 3 channels, through the same OpenCV filter2D: the disk kernel is not separable, so its "
-    "DFT or direct path is the floor), fog (the same diamond-square plasma, in float32 with 16-bit draws "
+    "defocus_blur (the reference filters each channel in float32 with OpenCV; mmchaos filters the 3 "
+    "channels in one call of the same OpenCV filter2D, cropped to the disk and on whichever of float32 and "
+    "uint8 its direct or DFT path runs faster: the disk is not separable, so that call is the floor), "
+    "fog (the same diamond-square plasma, in float32 with 16-bit draws "
     "and no np.roll copies, about a millisecond for a 256 x 256 map) and spatter (Canny, a distance "
     "transform and an equalisation in OpenCV in both).",
 ]
@@ -329,10 +330,12 @@ def write(
         "",
         "## defocus_blur's filter on this OpenCV",
         "",
-        "`_ops.filter2d` passes the uint8 image straight in and takes uint8 out, truncating through filter2D's "
-        "delta (the disk cropped to its support: radius 3 takes the direct path, larger ones the DFT); a plain "
-        "rounding uint8 filter2D with the same kernel is the middle column; converting the input to "
-        "float32 first, which the code did on OpenCV >= 5 before, is the last column.",
+        "`_ops.filter2d` with the disk cropped to its support: under 130 taps (radius 3) OpenCV convolves "
+        "directly, and does so about twice as fast on a float32 copy of the image as on the uint8 image, so "
+        "filter2d converts and truncates the float32 result; larger kernels (radius 10) go through the DFT, "
+        "where the uint8 image is faster, and filter2d passes it straight in and takes uint8 out, truncating "
+        "through filter2D's delta. The middle column is a plain rounding uint8 filter2D, the last one the "
+        "float32-input path throughout.",
         "",
         "| size | disk radius | filter2d ms | plain uint8 filter2D ms | float32 input ms |",
         "|---|---:|---:|---:|---:|",

@@ -59,17 +59,24 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
     return cv2.sepFilter2D(img, -1, taps, taps, borderType=border)
 
 
+DIRECT_TAPS = 130
+"""Below this many taps OpenCV's ``filter2D`` convolves directly instead of through the DFT."""
+
+
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    uint8 in and out, with ``delta = -(0.5 - 2**-16)``: OpenCV rounds its float sum, and
-    rounding ``v - (0.5 - 2**-16)`` truncates ``v`` (see :func:`truncate_u8`). On OpenCV 5.0 converting the input
-    to float32 first made defocus blur 1.6-2.7x slower than a plain uint8 ``filter2D``; a float32
-    output then clipped and converted in NumPy cost two more passes. Kernels of under 130 taps
-    (defocus severities 1-2, once :func:`disk` is cropped to its support) take OpenCV's direct
-    path, larger ones its DFT. The values match the float32-input path except where float
-    summation order moves a sum across an integer (under 2% of values, by one level).
+    Measured on OpenCV 5.0 (benchmarks/perturb_speed.md): a kernel of under 130 taps (defocus
+    severities 1-2 once :func:`disk` is cropped to its support) takes the direct path, which is
+    about twice as fast on a float32 copy of the image as on the uint8 image; a larger kernel
+    goes through the DFT, where the uint8 image is faster (a float32 copy made it 1.6-2.7x
+    slower): uint8 in and out, with ``delta = -(0.5 - 2**-16)`` so that OpenCV's rounding of its
+    float sum truncates (see :func:`truncate_u8`). Either way the values match the float32 path
+    except where float summation order moves a sum across an integer (under 2% of values, by
+    one level).
     """
+    if kernel.size < DIRECT_TAPS:
+        return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
     return cv2.filter2D(img, -1, kernel, delta=-TRUNCATE_OFFSET, borderType=border)
 
 
