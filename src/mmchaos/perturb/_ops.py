@@ -456,30 +456,51 @@ def box_runs(n_in: int, n_out: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[n
     """Pillow's ``BOX`` downscale from ``n_in`` to ``n_out`` pixels: output ``i`` is the plain mean
     of input pixels ``[lo[i], hi[i])``.
 
-    Pillow samples its box filter at input pixel centres, so each output averages a run of whole
-    pixels (the runs tile the input), not the fractional footprint OpenCV's ``INTER_AREA`` weighs.
+    Pillow samples its box filter at input pixel centres (``-0.5 < t <= 0.5``, with ``t`` the
+    distance from the output's centre in output pixels), so each output averages a run of whole
+    pixels, not the fractional footprint OpenCV's ``INTER_AREA`` weighs. Computed in Pillow's
+    order of float operations: where a pixel centre falls exactly on a run's edge the runs may
+    skip or share that pixel, as Pillow's do.
     """
     scale = n_in / n_out
+    support = 0.5 * scale
     centre = (np.arange(n_out, dtype=np.float64) + 0.5) * scale
-    lo = np.maximum((centre - scale * 0.5 + 0.5).astype(np.intp), 0)
-    hi = np.minimum((centre + scale * 0.5 + 0.5).astype(np.intp), n_in)
-    return lo, hi
+    first = np.maximum((centre - support + 0.5).astype(np.intp), 0)
+    last = np.minimum((centre + support + 0.5).astype(np.intp), n_in)
+    width = int((last - first).max())
+    cand = first[:, None] + np.arange(width)[None, :]
+    t = (cand - centre[:, None] + 0.5) * (1.0 / scale)
+    inside = (t > -0.5) & (t <= 0.5) & (cand < last[:, None])
+    lo = first + np.argmax(inside, axis=1)
+    hi = first + width - np.argmax(inside[:, ::-1], axis=1)
+    return lo.astype(np.intp), hi.astype(np.intp)
 
 
 @lru_cache(maxsize=16)
-def _box_plan(h: int, w: int, oh: int, ow: int) -> tuple[npt.NDArray[np.intp], F32]:
-    """Where :func:`box_downscale` reads the integral image, and each output's 1 / pixel count."""
+def _box_plan(h: int, w: int, oh: int, ow: int) -> tuple[tuple[npt.NDArray[np.intp], ...], F32]:
+    """Where :func:`box_downscale` reads the integral image, and each output's 1 / pixel count.
+
+    When the runs tile the input (each starts where the previous one ends: every size the
+    benchmarks use) neighbouring outputs share corners and one gather of ``(oh + 1) x (ow + 1)``
+    corners serves all; otherwise four gathers, one a corner.
+    """
     y0, y1 = box_runs(h, oh)
     x0, x1 = box_runs(w, ow)
-    ys = np.concatenate([y0, y1[-1:]])  # the runs tile the input: run i ends where i + 1 starts
-    xs = np.concatenate([x0, x1[-1:]])
-    corners = (ys[:, None] * (w + 1) + xs[None, :])[..., None] * 3 + np.arange(3)
+
+    def flat(ys: npt.NDArray[np.intp], xs: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        index = ((ys[:, None] * (w + 1) + xs[None, :])[..., None] * 3 + np.arange(3)).astype(np.intp)
+        index.flags.writeable = False
+        return index
+
+    tiled = bool(np.array_equal(y1[:-1], y0[1:]) and np.array_equal(x1[:-1], x0[1:]))
+    if tiled:
+        corners: tuple[npt.NDArray[np.intp], ...] = (flat(np.append(y0, y1[-1]), np.append(x0, x1[-1])),)
+    else:
+        corners = (flat(y1, x1), flat(y0, x1), flat(y1, x0), flat(y0, x0))
     inverse = 1.0 / ((y1 - y0)[:, None] * (x1 - x0)[None, :])
     inv: F32 = np.ascontiguousarray(np.repeat(inverse[..., None], 3, axis=2), dtype=np.float32)
-    index = corners.astype(np.intp)
-    index.flags.writeable = False
     inv.flags.writeable = False
-    return index, inv
+    return corners, inv
 
 
 def box_downscale(img: Any, ow: int, oh: int) -> U8:
@@ -496,10 +517,16 @@ def box_downscale(img: Any, ow: int, oh: int) -> U8:
     if h % oh == 0 and w % ow == 0:
         out: U8 = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_AREA)
         return out
-    index, inv = _box_plan(h, w, oh, ow)
-    grid = np.take(cv2.integral(img, sdepth=cv2.CV_32S).reshape(-1), index)
-    box = grid[1:, 1:] - grid[:-1, 1:]
-    box -= grid[1:, :-1]
-    box += grid[:-1, :-1]
+    corners, inv = _box_plan(h, w, oh, ow)
+    integral = cv2.integral(img, sdepth=cv2.CV_32S).reshape(-1)
+    if len(corners) == 1:
+        grid = np.take(integral, corners[0])
+        box = grid[1:, 1:] - grid[:-1, 1:]
+        box -= grid[1:, :-1]
+        box += grid[:-1, :-1]
+    else:
+        box = np.take(integral, corners[0]) - np.take(integral, corners[1])
+        box -= np.take(integral, corners[2])
+        box += np.take(integral, corners[3])
     means: U8 = np.asarray(cv2.convertScaleAbs(cv2.multiply(box, inv, dtype=cv2.CV_32F)), dtype=np.uint8)
     return means
