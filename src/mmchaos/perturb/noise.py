@@ -1,8 +1,9 @@
 """ImageNet-C noise corruptions (Hendrycks & Dietterich, 2019), with the reference tables.
 
-Noise fields are recorded as a seed, so a record stays small and replays bit for bit. Each field
-is drawn as uniform 16-bit integers from ``default_rng(seed)`` and looked up in a table: the
-quantiles of N(0, 1) for Gaussian fields (see :func:`mmchaos.perturb._ops.normal_noise`), the
+Noise fields are recorded as a seed and an offset into its stream (see :class:`NoiseKernel`), so
+a record stays small and replays bit for bit. Each field is drawn as uniform 16-bit integers and
+looked up in a table: whole-level Gaussian offsets for additive noise
+(:func:`mmchaos.perturb._ops.normal_level_offsets`), the quantiles of N(0, 1) for speckle, the
 quantiles of the Poisson counts for shot noise (:func:`mmchaos.perturb._ops.poisson_levels`).
 The kernels work on a whole ``(N, H, W, 3)`` stack at once (``apply_stack``); one image is a
 stack of one, so batched and per-image results are the same bytes.

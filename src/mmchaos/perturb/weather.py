@@ -14,19 +14,6 @@ from mmchaos.perturb.base import ImageArray, ImagePerturbation, as_u8, draw_seed
 from mmchaos.perturb.noise import IMAGENET_C, IMAGENET_C_EXTRA
 from mmchaos.perturb.textures import FROST_STYLES, frost_texture
 
-_INV255 = np.float32(1.0 / 255.0)
-
-
-def _float(item: ImageArray) -> Any:
-    return item.astype(np.float32) * _INV255
-
-
-def _to_uint8(x: Any) -> ImageArray:
-    np.clip(x, 0.0, 1.0, out=x)
-    x *= np.float32(255.0)
-    out: ImageArray = x.astype(np.uint8)
-    return out
-
 
 class Snow(ImagePerturbation):
     """Falling snow: a thresholded, zoomed noise layer streaked by motion blur, over a greyed image."""
@@ -173,9 +160,8 @@ class Spatter(ImagePerturbation):
         (0.65, 0.3, 1, 0.65, 1.5, 1),
         (0.67, 0.4, 1, 0.65, 1.5, 1),
     )
-    _WATER = np.array([175.0, 238.0, 238.0], dtype=np.float32) / 255.0
-    _MUD = np.array([63.0, 42.0, 20.0], dtype=np.float32) / 255.0
-    _WATER_255 = (175.0, 238.0, 238.0, 0.0)  # per-channel scalars for OpenCV
+    # ImageNet-C's water (175, 238, 238) and mud (63, 42, 20) colours, as OpenCV per-channel scalars.
+    _WATER_255 = (175.0, 238.0, 238.0, 0.0)
     _MUD_255 = (63.0, 42.0, 20.0, 0.0)
     _EMBOSS = np.array([[-2, -1, 0], [-1, 1, 1], [0, 1, 2]], dtype=np.float32)
 
