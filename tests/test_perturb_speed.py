@@ -119,8 +119,8 @@ def test_a_kernel_returning_its_input_does_not_alias_the_callers_batch() -> None
 
 @pytest.mark.parametrize("radius,alias", [(3, 0.1), (6, 0.5), (10, 0.5)])
 def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alias: float) -> None:
-    """uint8 in, float32 out, truncated: what converting the input to float32 first gave (and the
-    reference's truncation), without the conversion."""
+    """Truncated to uint8 as the reference does, whichever OpenCV path the kernel's size picks
+    (float32 direct under 130 taps, uint8 through the DFT above): the float32-input values."""
     image = np.ascontiguousarray(cv2.GaussianBlur(RNG.integers(0, 256, (90, 70, 3), dtype=np.uint8), (0, 0), 2))
     kernel = _ops.disk(float(radius), alias)
     ours = _ops.filter2d(image, kernel)
@@ -137,20 +137,25 @@ def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alia
 # --- shot noise by inverse CDF --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("photons", [60, 12, 3])
-@pytest.mark.parametrize("level", [0, 1, 40, 128, 255])
-def test_shot_noise_table_has_the_poisson_distribution(photons: int, level: int) -> None:
+@pytest.mark.parametrize("photons", [60, 25, 12, 5, 3])
+def test_shot_noise_table_has_the_poisson_distribution(photons: int) -> None:
+    """Every level of every ImageNet-C table: the mean within 0.05 levels and the variance within
+    1.5% (or two levels squared, for the rare bright outcomes of dark levels) of the exact
+    distribution's: 2**12 quantiles move each outcome's probability by at most 1/8192."""
     table = _ops.poisson_level_table(float(photons))
-    rate = level * photons / 255.0
-    # The exact distribution of the output level, from the Poisson pmf, next to the table's.
+    assert table.shape == (256, 1 << _ops.POISSON_BITS)  # [level, quantile]
     k = np.arange(0, 4 * photons + 40)
-    pmf = np.exp(k * math.log(rate) - rate - np.array([math.lgamma(i + 1) for i in k])) if rate > 0 else (k == 0) * 1.0
     values = np.clip((k * (255.0 / photons)).astype(np.float32), 0, 255).astype(np.uint8).astype(float)
-    column = table[:, level].astype(float)
-    mean = float((pmf * values).sum())
-    var = float((pmf * (values - mean) ** 2).sum())
-    assert column.mean() == pytest.approx(mean, abs=0.05)
-    assert column.var() == pytest.approx(var, rel=0.01, abs=0.05)
+    log_fact = np.array([math.lgamma(i + 1) for i in k])
+    for level in range(256):
+        rate = level * photons / 255.0
+        # The exact distribution of the output level, from the Poisson pmf, next to the table's.
+        pmf = np.exp(k * math.log(rate) - rate - log_fact) if rate > 0 else (k == 0) * 1.0
+        row = table[level].astype(float)
+        mean = float((pmf * values).sum())
+        var = float((pmf * (values - mean) ** 2).sum())
+        assert row.mean() == pytest.approx(mean, abs=0.05), level
+        assert row.var() == pytest.approx(var, rel=0.015, abs=2.0), level
 
 
 def test_shot_noise_past_the_table_uses_the_normal_approximation() -> None:
@@ -237,3 +242,63 @@ def test_uniform16_is_numpys_16_bit_integers(shape: tuple[int, ...]) -> None:
     """The fast draw gives NumPy's bytes, so noise records made before it replay unchanged."""
     expected = np.random.default_rng(99).integers(0, 65536, size=shape, dtype=np.uint16)
     assert np.array_equal(_ops.uniform16(np.random.default_rng(99), shape), expected)
+
+
+# --- one noise stream a batch -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"])
+def test_a_batch_draws_its_noise_from_one_stream_and_each_item_replays_alone(name: str) -> None:
+    pert = perturb.get(name)
+    flat = np.full((4, 16, 12, 3), 128, np.uint8)
+    out, applied = pert(flat, 5, rng=8)
+    seeds = {p["seed"] for p in applied.items}
+    words = _ops.uniform16_words(flat.shape[1:])
+    assert len(seeds) == 1 and [p["offset"] for p in applied.items] == [0, words, 2 * words, 3 * words]
+    assert len({o.tobytes() for o in out}) == 4  # four different fields, not one repeated
+    assert all(np.array_equal(b, a) for b, a in zip(out, _one_by_one(pert, flat, applied), strict=True))
+
+
+def test_uniform16_stack_reads_each_item_at_its_offset() -> None:
+    shape = (5, 7, 3)  # 105 values: 27 outputs, the last one's spare words dropped
+    words = _ops.uniform16_words(shape)
+    stream = np.random.PCG64(4).random_raw(3 * words).astype("<u8").view("<u2").reshape(3, words * 4)
+    expected = stream[:, : 5 * 7 * 3].reshape(3, *shape)
+    assert np.array_equal(_ops.uniform16_stack([4, 4, 4], shape, [0, words, 2 * words]), expected)
+    assert np.array_equal(_ops.uniform16_stack([4], shape, [words])[0], expected[1])  # one item alone
+    # A record without an offset (one item sampled alone, or made before offsets) starts the stream.
+    assert np.array_equal(_ops.uniform16_stack([9], shape)[0], _ops.uniform16(np.random.default_rng(9), shape))
+
+
+def test_a_grey_or_rgba_item_in_a_mixed_batch_replays_with_its_offset() -> None:
+    pert = perturb.get("gaussian_noise")
+    grey = RNG.integers(0, 256, (24, 20), dtype=np.uint8)
+    rgba = RNG.integers(0, 256, (24, 20, 4), dtype=np.uint8)
+    out, applied = pert([STACK[0], grey, rgba], 3, rng=0)
+    for i, item in enumerate([STACK[0], grey, rgba]):
+        alone = pert.replay([item], Applied(applied.name, 3, (applied.items[i],)))[0]
+        assert np.array_equal(alone, out[i])
+    assert not np.array_equal(out[1], pert.replay([grey], Applied(applied.name, 3, (applied.items[0],)))[0])
+
+
+# --- pixelate as Pillow's BOX, truncation in one pass ---------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [0.6, 0.5, 0.4, 0.3, 0.25])
+def test_pixelate_downscale_is_pillows_box_within_one_level(factor: float) -> None:
+    """Pillow averages runs of whole pixels; OpenCV's INTER_AREA, used before, weighed fractional
+    footprints and was up to 56 levels off on natural images."""
+    image_mod = pytest.importorskip("PIL.Image")
+    image = np.ascontiguousarray(cv2.GaussianBlur(RNG.integers(0, 256, (97, 131, 3), dtype=np.uint8), (0, 0), 1.0))
+    size = (int(131 * factor), int(97 * factor))
+    pillow = np.asarray(image_mod.fromarray(image).resize(size, image_mod.BOX)).astype(int)
+    ours = _ops.box_downscale(image, *size).astype(int)
+    assert ours.shape == pillow.shape and np.abs(ours - pillow).max() <= 1
+
+
+def test_truncate_u8_truncates_clips_and_keeps_whole_levels() -> None:
+    values = np.array([0.0, 0.2, 0.999, 1.0, 1.5, 2.0, 3.0, 127.0, 254.99, 255.0, 300.0], np.float32)
+    assert _ops.truncate_u8(values).tolist() == [0, 0, 0, 1, 1, 2, 3, 127, 254, 255, 255]
+    rand = RNG.random(10_000).astype(np.float32) * 255
+    assert np.array_equal(_ops.truncate_u8(rand), rand.astype(np.uint8))
+    assert np.array_equal(_ops.truncate_u8(rand, 0.5), (rand * np.float32(0.5)).astype(np.uint8))

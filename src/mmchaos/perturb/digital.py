@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -26,10 +27,10 @@ def jpeg_roundtrip(item: ImageArray, quality: int) -> ImageArray:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(item, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
     if not ok:  # pragma: no cover - OpenCV encodes any uint8 RGB image
         raise RuntimeError("JPEG encoding failed")
-    decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    decoded = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB)  # libjpeg writes RGB: no second conversion
     if decoded is None:  # pragma: no cover - what OpenCV encoded it decodes
         raise RuntimeError("JPEG decoding failed")
-    return as_u8(cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB))
+    return as_u8(decoded)
 
 
 class JpegCompression(ImagePerturbation):
@@ -113,11 +114,19 @@ class Pixelate(ImagePerturbation):
     def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         h, w = item.shape[:2]
         factor = float(params["factor"])
-        # PIL's BOX filter to int(W * factor) is OpenCV's area filter to that size (given as a
-        # size: passed as a scale factor, OpenCV's area path computes something else); PIL's
+        # PIL's BOX filter to int(W * factor) (runs of whole pixels, see _ops.box_downscale); PIL's
         # nearest neighbour samples pixel centres, as INTER_NEAREST_EXACT does.
-        small = cv2.resize(item, (max(1, int(w * factor)), max(1, int(h * factor))), interpolation=cv2.INTER_AREA)
+        small = _ops.box_downscale(item, max(1, int(w * factor)), max(1, int(h * factor)))
         return as_u8(cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST_EXACT))
+
+
+@lru_cache(maxsize=8)
+def _identity_grid(h: int, w: int) -> tuple[Any, Any]:
+    """The identity map of an ``h x w`` image as OpenCV's x and y maps (float32), made once a size."""
+    grid_x, grid_y = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    grid_x.flags.writeable = False
+    grid_y.flags.writeable = False
+    return grid_x, grid_y
 
 
 class ElasticTransform(GeometricMixin, ImagePerturbation):
@@ -138,13 +147,16 @@ class ElasticTransform(GeometricMixin, ImagePerturbation):
         gen = np.random.default_rng(params["seed"])
         sigma_y, sigma_x = h * 0.01, w * 0.01
         ksize = (_ops.gaussian_ksize(sigma_x, 3.0), _ops.gaussian_ksize(sigma_y, 3.0))
-        fields = []
-        for _ in range(2):
-            raw = gen.uniform(-max_d, max_d, size=(h, w)).astype(np.float32)
-            smooth = cv2.GaussianBlur(raw, ksize, sigmaX=sigma_x, sigmaY=sigma_y, borderType=cv2.BORDER_REFLECT)
-            fields.append(smooth * np.float32(alpha))
-        dx, dy = fields
-        grid_x, grid_y = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
-        return as_u8(
-            cv2.remap(item, grid_x + dx, grid_y + dy, interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-        )
+        # Two fields uniform in [-max_d, max_d), from 16-bit draws (bin centres) in one call,
+        # smoothed, scaled by alpha and added to the identity map.
+        draws = _ops.uniform16(gen, (2, h, w))
+        step = 2.0 * max_d / 65536.0
+        maps = []
+        for raw, grid in zip(draws, _identity_grid(h, w), strict=True):
+            smooth = cv2.GaussianBlur(
+                raw.astype(np.float32), ksize, sigmaX=sigma_x, sigmaY=sigma_y, borderType=cv2.BORDER_REFLECT
+            )
+            # alpha * (step * blur(u) + (step / 2 - max_d)) + grid: the affine map of the draws
+            # commutes with the normalised blur, so it is applied once, after it.
+            maps.append(cv2.scaleAdd(smooth, alpha * step, grid + np.float32(alpha * (step / 2.0 - max_d))))
+        return as_u8(cv2.remap(item, maps[0], maps[1], interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT))

@@ -14,19 +14,6 @@ from mmchaos.perturb.base import ImageArray, ImagePerturbation, as_u8, draw_seed
 from mmchaos.perturb.noise import IMAGENET_C, IMAGENET_C_EXTRA
 from mmchaos.perturb.textures import FROST_STYLES, frost_texture
 
-_INV255 = np.float32(1.0 / 255.0)
-
-
-def _float(item: ImageArray) -> Any:
-    return item.astype(np.float32) * _INV255
-
-
-def _to_uint8(x: Any) -> ImageArray:
-    np.clip(x, 0.0, 1.0, out=x)
-    x *= np.float32(255.0)
-    out: ImageArray = x.astype(np.uint8)
-    return out
-
 
 class Snow(ImagePerturbation):
     """Falling snow: a thresholded, zoomed noise layer streaked by motion blur, over a greyed image."""
@@ -53,19 +40,30 @@ class Snow(ImagePerturbation):
     def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         h, w = item.shape[:2]
         gen = np.random.default_rng(params["seed"])
-        layer = gen.standard_normal((h, w), dtype=np.float32) * np.float32(params["scale"])
-        layer += np.float32(params["loc"])
-        layer = _ops.clipped_zoom(layer, float(params["zoom"]))
-        layer[layer < params["threshold"]] = 0
-        np.clip(layer, 0, 1, out=layer)
+        # The noise the reference draws at full size and then zooms into: only the part the zoom
+        # reads is drawn (_ops.zoom_crop_shape), as Gaussian quantiles of 16-bit uniforms.
+        zoom = float(params["zoom"])
+        rows, cols = _ops.zoom_crop_shape(h, w, zoom)
+        scale, loc = float(params["scale"]), float(params["loc"])
+        seeds = _ops.uniform16(gen, (rows, cols))
+        layer: Any = np.take(_ops.scaled_normal_quantiles(scale, loc), seeds)
+        layer = cv2.resize(layer, (w, h), interpolation=cv2.INTER_LINEAR)
+        # Below the threshold to zero, then clipped to [0, 1] (the threshold is positive).
+        _, layer = cv2.threshold(layer, float(params["threshold"]), 0.0, cv2.THRESH_TOZERO)
+        np.minimum(layer, np.float32(1.0), out=layer)
         layer = _ops.motion_blur(layer, int(params["radius"]), float(params["sigma"]), float(params["angle"]))
-        layer = np.round(layer * 255).astype(np.uint8).astype(np.float32) * _INV255
-        x = _float(item)
-        weight = np.float32(params["weight"])
-        gray = _ops.rgb_to_gray(x)[..., None] * np.float32(1.5) + np.float32(0.5)
-        x = weight * x + (1 - weight) * np.maximum(x, gray)
-        x += (layer + layer[::-1, ::-1])[..., None]
-        return _to_uint8(x)
+        flakes = cv2.convertScaleAbs(layer, alpha=255.0)  # round(layer * 255) as uint8, as the reference
+        fall = cv2.add(flakes, flakes[::-1, ::-1], dtype=cv2.CV_32F)  # the layer and its 180-degree turn
+        # The rest on the 0-255 scale: grey lift, blend, snow added, clipped and truncated.
+        x: Any = item.astype(np.float32)
+        weight = float(params["weight"])
+        lifted = _ops.rgb_to_gray(x)
+        lifted *= np.float32(1.5)
+        lifted += np.float32(127.5)
+        brighter = cv2.max(x, _ops.gray_to_rgb(lifted))
+        x = cv2.addWeighted(x, weight, brighter, 1.0 - weight, 0.0)
+        cv2.add(x, _ops.gray_to_rgb(fall), dst=x)
+        return _ops.truncate_u8(x)  # every term is >= 0
 
 
 class Frost(ImagePerturbation):
@@ -108,11 +106,13 @@ class Fog(ImagePerturbation):
         strength = float(params["strength"])
         size = _ops.next_power_of_2(max(h, w))
         cloud = _ops.plasma_fractal(size, float(params["decay"]), np.random.default_rng(params["seed"]))
-        x = _float(item)
-        max_val = float(x.max())
-        x += (np.float32(strength) * cloud[:h, :w].astype(np.float32))[..., None]
-        x *= np.float32(max_val / (max_val + strength))
-        return _to_uint8(x)
+        # (x / 255 + strength * cloud) * max / (max + strength), clipped to [0, 1], times 255 and
+        # truncated: on the 0-255 scale, the cloud scaled and added, the sum scaled and truncated.
+        max_val = float(item.max()) / 255.0
+        gain = max_val / (max_val + strength)
+        haze = _ops.gray_to_rgb(cloud[:h, :w])
+        x = cv2.scaleAdd(haze, 255.0 * strength, item.astype(np.float32))  # both terms are >= 0
+        return _ops.truncate_u8(x, gain)
 
 
 class Brightness(StackKernel):
@@ -140,8 +140,9 @@ class Brightness(StackKernel):
         scale = cv2.LUT(value, gain.astype(np.float32))
         # Rounds where the reference truncates: within one level, for a single fused pass.
         out = as_u8(cv2.multiply(item, cv2.merge([scale, scale, scale]), dtype=cv2.CV_8U))
-        if offset > 0:
-            out[value == 0] = min(round(offset), 255)
+        if offset > 0:  # black pixels (0 after the multiply) become grey: a masked add
+            grey = float(min(round(offset), 255))
+            _ops.CV.add(out, (grey, grey, grey, 0.0), dst=out, mask=_ops.CV.compare(value, 0, cv2.CMP_EQ))
         return out
 
 
@@ -159,8 +160,9 @@ class Spatter(ImagePerturbation):
         (0.65, 0.3, 1, 0.65, 1.5, 1),
         (0.67, 0.4, 1, 0.65, 1.5, 1),
     )
-    _WATER = np.array([175.0, 238.0, 238.0], dtype=np.float32) / 255.0
-    _MUD = np.array([63.0, 42.0, 20.0], dtype=np.float32) / 255.0
+    # ImageNet-C's water (175, 238, 238) and mud (63, 42, 20) colours, as OpenCV per-channel scalars.
+    _WATER_255 = (175.0, 238.0, 238.0, 0.0)
+    _MUD_255 = (63.0, 42.0, 20.0, 0.0)
     _EMBOSS = np.array([[-2, -1, 0], [-1, 1, 1], [0, 1, 2]], dtype=np.float32)
 
     def sample(self, item: ImageArray, severity: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -173,29 +175,33 @@ class Spatter(ImagePerturbation):
     def apply(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         h, w = item.shape[:2]
         gen = np.random.default_rng(params["seed"])
-        liquid = gen.standard_normal((h, w), dtype=np.float32) * np.float32(params["scale"])
-        liquid += np.float32(params["loc"])
-        liquid = _ops.gaussian(liquid, float(params["sigma"]))
-        liquid[liquid < params["threshold"]] = 0
-        x = _float(item)
+        # N(loc, scale) per pixel: Gaussian quantiles of 16-bit uniforms (_ops.normal_quantiles).
+        table = _ops.scaled_normal_quantiles(float(params["scale"]), float(params["loc"]))
+        liquid = _ops.gaussian(np.take(table, _ops.uniform16(gen, (h, w))), float(params["sigma"]))
+        threshold = float(params["threshold"])
+        _, liquid = cv2.threshold(liquid, threshold, 0.0, cv2.THRESH_TOZERO)  # below it to zero
+        # The rest on the 0-255 scale, the image added in float32 by OpenCV (no converted copy).
         if not params["mud"]:
-            liquid_u8 = (np.clip(liquid, 0, 1) * 255).astype(np.uint8)
-            dist = 255 - cv2.Canny(liquid_u8, 50, 150)
+            # uint8(clip(liquid, 0, 1) * 255): liquid is >= 0 past the threshold, 255 saturates.
+            dist = 255 - cv2.Canny(_ops.truncate_u8(liquid, 255.0), 50, 150)
             dist = cv2.distanceTransform(dist, cv2.DIST_L2, 5)
             _, dist = cv2.threshold(dist, 20, 20, cv2.THRESH_TRUNC)
             dist = cv2.blur(dist, (3, 3)).astype(np.uint8)
             dist = cv2.equalizeHist(dist)
             dist = cv2.filter2D(dist, cv2.CV_8U, self._EMBOSS)
-            dist = cv2.blur(dist, (3, 3)).astype(np.float32)
-            m = liquid * dist
+            m = cv2.blur(dist, (3, 3)).astype(np.float32)
+            m *= liquid
             peak = float(m.max())
-            if peak > 0:
-                m *= np.float32(float(params["strength"]) / peak)
-            x += m[..., None] * self._WATER
-            return _to_uint8(x)
-        m = (liquid > params["threshold"]).astype(np.float32)
+            # m * strength / peak, times the water colour: one per-channel multiply.
+            gain = float(params["strength"]) / peak if peak > 0 else 0.0
+            colour = tuple(c * gain for c in self._WATER_255)
+            water = _ops.CV.multiply(_ops.gray_to_rgb(m), colour)
+            return _ops.truncate_u8(cv2.add(item, water, dtype=cv2.CV_32F))  # every term is >= 0
+        m = (liquid > threshold).astype(np.float32)
         m = _ops.gaussian(m, float(params["strength"]))
-        m[m < 0.8] = 0
-        x *= (1 - m)[..., None]
-        x += m[..., None] * self._MUD
-        return _to_uint8(x)
+        _, m = cv2.threshold(m, 0.8, 0.0, cv2.THRESH_TOZERO)
+        m3 = _ops.gray_to_rgb(m)
+        # x * (1 - m) + m * mud, with m in [0, 1]: a blend of two non-negative terms. (A bare 1.0
+        # as an OpenCV scalar may reach the first channel only: four of them.)
+        kept = cv2.multiply(item, _ops.CV.subtract((1.0, 1.0, 1.0, 1.0), m3), dtype=cv2.CV_32F)
+        return _ops.truncate_u8(cv2.add(kept, _ops.CV.multiply(m3, self._MUD_255)))
