@@ -6,9 +6,13 @@ clean one, over natural test images (scikit-image's bundled samples, centre-crop
 |delta PSNR| <= 1.5 dB and |delta SSIM| <= 0.05. Writes a markdown table.
 
 ``imagecorruptions`` is only installed in the benchmark environment, never as a dependency of
-mmchaos. It is stale (1.1.2, 2020): it needs numpy < 2 (``np.float_``), setuptools < 81
-(``pkg_resources``) and scikit-image 0.19.x (``gaussian(..., multichannel=True)``, removed in
-0.20; 0.19.3 has no wheel for Python 3.11 and builds from source)::
+mmchaos. It is stale (1.1.2, 2020): it uses ``np.float_``, ``pkg_resources`` and
+``gaussian(..., multichannel=True)``; ``perturb_speed.load_reference`` shims those three, so it runs
+in the project's venv after ``pip install imagecorruptions==1.1.2 scikit-image``::
+
+    PYTHONPATH=src python benchmarks/perturb_calibration.py --out benchmarks/perturb_calibration.md
+
+or, with the versions it was written for (scikit-image 0.19.3 builds from source on Python 3.11)::
 
     python3 -m venv /work/bench-venv
     /work/bench-venv/bin/pip install "numpy<2" "setuptools<81" "scipy<1.14" Cython"<3" wheel
@@ -69,6 +73,11 @@ def main() -> None:
     args = parser.parse_args()
 
     warnings.simplefilter("ignore")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from perturb_speed import load_reference  # the shims that let the stale reference import
+
+    if load_reference() is None:
+        raise SystemExit("imagecorruptions is not installed: pip install imagecorruptions==1.1.2 scikit-image")
     import imagecorruptions
     from imagecorruptions import corrupt, get_corruption_names
     from skimage.metrics import structural_similarity
