@@ -127,7 +127,8 @@ def write(path: Path, rows: list[tuple], n_images: int, repeats: int, elapsed: f
         "",
         f"Environment: Python {platform.python_version()}, numpy {np.__version__}, scikit-image "
         f"{skimage.__version__}, scipy {scipy.__version__}, OpenCV {cv2.__version__}; {elapsed:.0f} s.",
-        "Produced by `PYTHONPATH=src /work/bench-venv/bin/python benchmarks/perturb_calibration.py`.",
+        "Produced by `PYTHONPATH=src python benchmarks/perturb_calibration.py` "
+        "(the shims of `perturb_speed.load_reference`).",
         "",
         "| corruption | severity | PSNR ref | PSNR mmchaos | Δ dB | SSIM ref | SSIM mmchaos | Δ | within |",
         "|---|---|---|---|---|---|---|---|---|",
