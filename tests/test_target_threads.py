@@ -56,3 +56,26 @@ def test_the_builtin_tiny_clip_runs_on_one_thread_unless_told_otherwise(torch_th
     assert torch.get_num_threads() == 2
     assert clip.load_options["threads"] == 2
     clip.close()
+
+
+def test_the_bundled_openblas_is_set_to_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+    import importlib.util
+    from pathlib import Path
+
+    from mmchaos.targets.threads import limit_blas_threads
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert limit_blas_threads(1) == []  # the user's explicit choice is left alone
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    spec = importlib.util.find_spec("numpy")
+    assert spec is not None and spec.origin is not None
+    libs = sorted((Path(spec.origin).parent.parent / "numpy.libs").glob("*openblas*"))
+    if not libs:
+        pytest.skip("this numpy does not bundle OpenBLAS")
+    done = limit_blas_threads(1)
+    assert libs[0].name in done
+    lib = ctypes.CDLL(str(libs[0]))
+    getter = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads")
+                  if hasattr(lib, n))  # fmt: skip
+    assert getter() == 1

@@ -71,7 +71,9 @@ def validate_command(
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
     from mmchaos.targets import TargetOptions
+    from mmchaos.targets.threads import limit_blas_threads
 
+    limit_blas_threads(1)  # the harness's own small matrix products: one BLAS thread (see the function)
     where = ExecutorSpec(executor, address=ray_address, workers=workers)  # bad options: exit 2 now
     if where.kind == "ray":
         from mmchaos.executors.ray import require_ray
