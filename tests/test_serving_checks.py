@@ -450,7 +450,11 @@ def test_overload_fails_a_service_that_does_not_recover_after_the_ramp() -> None
     allowance = recovery.evidence["recovery_allowance"]
     assert 0.0 <= allowance["drain_s"] <= allowance["drain_cap_s"] == 4.0
     assert experiment(findings).verdict == Verdict.FAIL
-    assert_torn_down(experiment(findings))
+    journal = assert_torn_down(experiment(findings))
+    # the journal says where the service was when it did not come back: alive, but slow
+    [diag] = [a["output"] for a in journal["run"] if a["activity"]["name"] == "diagnose"]
+    assert diag["after"] == "after_ramp:recovery" and diag["server"]["breaker"] == "closed"
+    assert diag["healthz_service"]["status"] == 200 and "connections_active" in diag["proxy"]
 
 
 def test_overload_recovery_is_judged_after_the_backlog_drains_at_the_measured_rate() -> None:

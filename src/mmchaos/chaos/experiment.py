@@ -502,6 +502,10 @@ class Experiment:
         if seconds is not None and seconds > limit + 1e-9:
             seconds = None
         if seconds is None and not self.stopped:
+            # What the service was doing when it did not come back: enough to tell a wedged server
+            # from a slow one, or the harness's proxy, without rerunning.
+            started = time.monotonic()
+            self.activity("probe", "diagnose", started, {"after": label, **self.dep.diagnose()})
             self.abort(f"the service did not meet its SLO again within {limit:.3g} s ({label})")
         return ph, seconds
 
