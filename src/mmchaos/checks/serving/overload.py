@@ -3,7 +3,7 @@
 The gate asks for a knee at or above the concurrency the deployment must carry and for overload
 that fails gracefully past it (typed 429/503/504, Retry-After on 429/503, goodput held), then recovery:
 the SLO met again within ``max_recovery_s`` once the ramp's backlog is drained at the rate the service
-showed (see :class:`Drain`), so the verdict does not depend on how busy the machine is."""
+showed (see :class:`Drain`), so a loaded machine's longer drain is not taken for a failure to recover."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ class Drain:
     finishes (or drops) them before new requests get through, at the rate it showed in that very
     step. On an idle machine that takes a fraction of a second; on a loaded one the same service
     takes several times longer. Judging recovery after this measured drain, not after a fixed
-    time alone, makes the verdict the same on both, while a service that stays broken after the
-    ramp never meets its SLO, however long it is given."""
+    time alone, keeps a correct service passing on both, while a service that stays broken after
+    the ramp never meets its SLO, however long it is given."""
 
     backlog: int
     rate_rps: float
@@ -337,8 +337,8 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                         "backlog": drain.backlog,
                         "drain_rate_rps": round(drain.rate_rps, 2),
                         "drain_cap_s": drain.cap_s,
-                        "why": "the requests in flight at the ramp's end, drained at the goodput the service "
-                        "showed in that step (same machine, same moment): recovery is judged after them",
+                        "why": "the requests in flight at the ramp's end, drained at the rate the service "
+                        "answered in that step (same machine, same moment): recovery is judged after them",
                     },
                 }
             ),
