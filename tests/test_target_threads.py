@@ -79,3 +79,8 @@ def test_the_bundled_openblas_is_set_to_one_thread(monkeypatch: pytest.MonkeyPat
     getter = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads")
                   if hasattr(lib, n))  # fmt: skip
     assert getter() == 1
+
+
+def test_validate_refuses_a_thread_count_below_one(run_cli: Any) -> None:
+    code, _, err = run_cli("validate", "--threads", "0", "--suite", "quick")
+    assert code == 2 and "--threads" in err
