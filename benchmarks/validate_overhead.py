@@ -8,6 +8,7 @@ shared machine it moves them more than anything the harness does.
 
     python benchmarks/validate_overhead.py [--target builtin:tiny-clip] [--suites quick prelaunch]
         [--keep DIR] [--pythonpath SRC]   # SRC: run another checkout's sources (a before/after)
+        [--threads N]                     # torch threads of the validate process (default: the target's)
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ import time
 from pathlib import Path
 
 
-def measure(target: str, suite: str, workdir: Path, pythonpath: str | None) -> dict[str, float | str]:
+def measure(
+    target: str, suite: str, workdir: Path, pythonpath: str | None, threads: int | None = None
+) -> dict[str, float | str]:
     out, store = workdir / f"{suite}-report", workdir / f"{suite}-runs.db"
     argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", target, "--suite", suite,
             "--out", str(out), "--store", str(store)]  # fmt: skip
+    if threads is not None:
+        argv += ["--threads", str(threads)]
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -64,11 +69,12 @@ def main() -> None:
     parser.add_argument("--suites", nargs="+", default=["quick", "prelaunch"])
     parser.add_argument("--keep", type=Path, help="keep the reports and stores here")
     parser.add_argument("--pythonpath", help="PYTHONPATH for the validate runs (another checkout's src)")
+    parser.add_argument("--threads", type=int, help="validate --threads N (torch intra-op threads)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        rows = [measure(args.target, s, workdir, args.pythonpath) for s in args.suites]
+        rows = [measure(args.target, s, workdir, args.pythonpath, args.threads) for s in args.suites]
     keys = list(rows[0])
     print(f"\n{args.target} on {os.cpu_count()} CPUs")
     print("| " + " | ".join(keys) + " |")

@@ -256,6 +256,40 @@ class Deployment:
             if t.ident not in self._threads_before and t.is_alive() and t.name.startswith(owned)
         )
 
+    def diagnose(self, timeout: float = 1.0) -> dict[str, Any]:
+        """Where a service that stopped answering is stuck: the reference server's admission and
+        breaker (read, not awaited), the proxy's connection counters, and whether ``/healthz``
+        answers directly and through the proxy within ``timeout``. Never blocks longer than that."""
+        import httpx
+
+        out: dict[str, Any] = {}
+        server = self.shared.thread if self.shared is not None else self.server
+        state = getattr(server, "state", None) if server is not None else None
+        if state is not None:
+            admission = state.admission
+            out["server"] = {
+                "active": admission.active,
+                "waiting": len(admission.waiters),
+                "pixels": admission.pixels,
+                "outstanding": state.outstanding,
+                "breaker": str(state.breaker.state.value),
+            }
+        if self.proxy is not None:
+            with contextlib.suppress(RuntimeError):
+                stats = self.proxy.proxy.stats
+                out["proxy"] = {"connections_active": stats.connections_active, "total": stats.connections_total}
+        for name, base in (("service", self.root), ("via_proxy", self.url if self.proxy is not None else None)):
+            if not base or not self.in_process:
+                continue
+            started = time.monotonic()
+            try:
+                with httpx.Client(trust_env=False, timeout=timeout, headers=self.auth) as client:
+                    status: int | str = client.get(f"{base}/healthz").status_code
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            out[f"healthz_{name}"] = {"status": status, "seconds": round(time.monotonic() - started, 3)}
+        return out
+
     def add_toxic(self, toxic: Mapping[str, Any]) -> str:
         if self.proxy is None:
             raise RuntimeError("this deployment has no fault proxy")

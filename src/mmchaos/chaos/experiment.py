@@ -473,10 +473,14 @@ class Experiment:
             }
         )
 
-    def recover(self, label: str) -> tuple[Phase, float | None]:
+    def recover(self, label: str, *, allowance_s: float = 0.0) -> tuple[Phase, float | None]:
         """Load from fresh connections until a window meets the SLO; the seconds from the fault's removal
-        to the first good answer of that window (None: not within ``max_recovery_s``, and the
-        experiment is aborted)."""
+        to the first good answer of that window (None: not within ``max_recovery_s`` plus
+        ``allowance_s``, and the experiment is aborted).
+
+        ``allowance_s``: time the service is granted on top of ``max_recovery_s`` to finish work it
+        had already accepted (an overload ramp's backlog), measured by the caller in this run."""
+        limit = self.params.max_recovery_s + max(0.0, allowance_s)
         good: list[float] = []
 
         def recovered(tracker: WindowTracker) -> str | None:
@@ -486,9 +490,7 @@ class Experiment:
                     return "recovered"
             return None
 
-        ph = self.phase(
-            label, seconds=self.params.max_recovery_s + self.slo.window_s, guarded=False, stop_when=recovered
-        )
+        ph = self.phase(label, seconds=limit + self.slo.window_s, guarded=False, stop_when=recovered)
         if ph.result is None:
             return ph, None
         if not good:
@@ -497,10 +499,14 @@ class Experiment:
                     good.append(w.first_ok if w.first_ok is not None else w.start + self.slo.window_s)
                     break
         seconds = good[0] if good else None
-        if seconds is not None and seconds > self.params.max_recovery_s + 1e-9:
+        if seconds is not None and seconds > limit + 1e-9:
             seconds = None
         if seconds is None and not self.stopped:
-            self.abort(f"the service did not meet its SLO again within {self.params.max_recovery_s:g} s ({label})")
+            # What the service was doing when it did not come back: enough to tell a wedged server
+            # from a slow one, or the harness's proxy, without rerunning.
+            started = time.monotonic()
+            self.activity("probe", "diagnose", started, {"after": label, **self.dep.diagnose()})
+            self.abort(f"the service did not meet its SLO again within {limit:.3g} s ({label})")
         return ph, seconds
 
     def seconds(self) -> float:

@@ -41,6 +41,16 @@ def validate_command(
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="torch intra-op threads in this process (default: 1 for the built-in tiny models, torch's own "
+            "for hf: models)",
+            show_default=False,
+        ),
+    ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
     executor: Annotated[
         str, typer.Option("--executor", help="where work units run: local, or ray (needs mmchaos\\[ray])")
@@ -61,7 +71,9 @@ def validate_command(
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
     from mmchaos.targets import TargetOptions
+    from mmchaos.targets.threads import limit_blas_threads
 
+    limit_blas_threads(1)  # the harness's own small matrix products: one BLAS thread (see the function)
     where = ExecutorSpec(executor, address=ray_address, workers=workers)  # bad options: exit 2 now
     if where.kind == "ray":
         from mmchaos.executors.ray import require_ray
@@ -81,6 +93,7 @@ def validate_command(
                 allow_missing_weights=allow_missing_weights,
                 model=model,
                 allow_remote=allow_remote,
+                threads=threads,
             ),
         )
     with RunStore(store_path) as store:

@@ -33,6 +33,9 @@ class TargetOptions:
     """openai: targets: allow hosts that are not loopback addresses."""
     allow_missing_weights: bool = False
     """hf: targets: load a checkpoint that leaves weights newly initialised (refused by default)."""
+    threads: int | None = None
+    """torch intra-op threads of the process that loads the target (see :mod:`mmchaos.targets.threads`);
+    None: 1 for the built-in tiny models, torch's default (one per core) for ``hf:`` models."""
 
 
 TargetFactory = Callable[..., Target]
@@ -46,7 +49,7 @@ def _builtin(rest: str, **options: Any) -> Target:
     if rest not in BUILTIN_TARGETS:
         hint = closest(rest, BUILTIN_TARGETS, n=2, prefix="builtin:")
         raise UnknownNameError(f"unknown built-in target {rest!r}{hint} (known: {', '.join(BUILTIN_TARGETS)})")
-    return load_builtin(rest, device=options.get("device", "cpu"))
+    return load_builtin(rest, device=options.get("device", "cpu"), threads=options.get("threads"))
 
 
 def _hf(rest: str, **options: Any) -> Target:
@@ -54,6 +57,14 @@ def _hf(rest: str, **options: Any) -> Target:
 
     Generative VLMs (their config names a generation head) go to ``hf_vlm``, the rest to ``hf``.
     """
+    from mmchaos.targets.threads import apply_threads
+
+    target = _hf_target(rest, **options)
+    apply_threads(options.get("threads"))
+    return target
+
+
+def _hf_target(rest: str, **options: Any) -> Target:
     from mmchaos.targets.hf_vlm import is_generative_config
     from mmchaos.targets.hub import local_dir, read_config
 

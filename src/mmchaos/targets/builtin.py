@@ -19,15 +19,23 @@ BUILTIN_TARGETS = {
 }
 
 
-def load_builtin(name: str, *, device: str = "cpu", **_: object) -> Target:
+def load_builtin(name: str, *, device: str = "cpu", threads: int | None = None, **_: object) -> Target:
+    """Load a built-in target. The tiny torch models set torch to ``threads`` intra-op threads
+    (default :data:`~mmchaos.targets.threads.TINY_MODEL_THREADS`: one; see :mod:`mmchaos.targets.threads`)."""
+    from mmchaos.targets.threads import TINY_MODEL_THREADS, apply_threads
+
     if name == "tiny-clip":
         from mmchaos.targets.hf import HFContrastiveTarget
 
-        return HFContrastiveTarget(str(TINY_CLIP_DIR), uri="builtin:tiny-clip", device=device)
+        clip = HFContrastiveTarget(str(TINY_CLIP_DIR), uri="builtin:tiny-clip", device=device)
+        apply_threads(threads, TINY_MODEL_THREADS)
+        return clip
     if name == "tiny-vlm":
         from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 
-        return HFVisionLanguageTarget(TINY_VLM_DIR, uri="builtin:tiny-vlm", device=device)
+        vlm = HFVisionLanguageTarget(TINY_VLM_DIR, uri="builtin:tiny-vlm", device=device)
+        apply_threads(threads, TINY_MODEL_THREADS)
+        return vlm
     from mmchaos.targets.ppocr import PPOCRTarget
 
     return PPOCRTarget(detect=name == "ppocr-det")

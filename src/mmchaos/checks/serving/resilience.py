@@ -55,6 +55,8 @@ class FailSwitch(DelegatingTarget):
 
 
 _INJECTED = "injected upstream failure (mmchaos serving_resilience)"
+_PROBE_BACKOFF_S = 0.01
+"""Backoff base of the reference client in the retry probes (its default is 0.1 s)."""
 
 
 class _DropInjected(logging.Filter):
@@ -280,6 +282,10 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
                 api_key_env=key_env,
                 timeout=p.request_timeout_s,
                 max_retries=max_retries,
+                # What the probes judge (which answers are retried, how many calls get through, the
+                # amplification, Retry-After honoured) does not depend on how long the client backs
+                # off between retries without a Retry-After; a short base keeps the 429 probe short.
+                backoff_base=_PROBE_BACKOFF_S,
                 max_retry_after=float(p.retry_after_s) + 5.0,
                 max_concurrency=1,
                 allow_remote=not p.budget.loopback_only,
@@ -357,6 +363,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             "amplification": round(amplification, 3),
             "toxicity": p.retry_toxicity,
             "max_retries": p.client_max_retries,
+            "backoff_base_s": _PROBE_BACKOFF_S,
             "expected_success": round(1.0 - p.retry_toxicity ** (p.client_max_retries + 1), 4),
         }
         expected = 1.0 - p.retry_toxicity ** (p.client_max_retries + 1)
