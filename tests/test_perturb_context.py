@@ -69,12 +69,11 @@ def test_black_box_saliency_on_a_reader_uses_the_transcription() -> None:
         assert covered[:, :32].sum() > 2 * covered[:, 32:].sum(), "only the left half matters to this reader"
 
 
-def test_white_box_saliency_uses_gradients() -> None:
+def _white_box() -> Target:
+    """A white-box target whose tiny torch model looks only at the top-left quarter of the image."""
     torch = pytest.importorskip("torch")
 
     class Tiny(torch.nn.Module):  # type: ignore[misc]
-        """Looks only at the top-left quarter of the image."""
-
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
@@ -101,6 +100,12 @@ def test_white_box_saliency_uses_gradients() -> None:
         def torch_module(self) -> Any:
             return self.model
 
+    return WhiteBox()
+
+
+def test_white_box_saliency_uses_gradients() -> None:
+    white_box = _white_box()
+
     class Wrapped(Target):  # as the runner wraps targets to time them
         def __init__(self, inner: Target) -> None:
             self.inner, self.uri, self.capabilities = inner, inner.uri, inner.capabilities
@@ -108,11 +113,24 @@ def test_white_box_saliency_uses_gradients() -> None:
         def torch_module(self) -> Any:
             return self.inner.torch_module()
 
-    p = perturb.get("saliency_occlusion").bind(BindContext(target=Wrapped(WhiteBox())))
+    p = perturb.get("saliency_occlusion").bind(BindContext(target=Wrapped(white_box)))
     _, rec = p(IMAGES[:3], severity=1, rng=0)
     for params in rec.items:
         assert params["method"] == "gradient"
         assert all(top < 32 and left < 32 for top, left, _, _ in params["boxes"]), "the model looks top-left"
+
+
+def test_gradient_saliency_is_model_time_of_the_timed_target() -> None:
+    """The forward and backward passes of gradient saliency are model work: the runner's timed
+    wrapper counts them (they ran outside its model calls, so the report's model time left them out)."""
+    from mmchaos.runner import TimedTarget
+
+    timed = TimedTarget(_white_box())
+    p = perturb.get("saliency_occlusion").bind(BindContext(target=timed))
+    _, rec = p(IMAGES[:3], severity=1, rng=0)
+    assert [params["method"] for params in rec.items] == ["gradient"] * 3
+    assert timed.calls == 1, "one model call for the batch's gradients"
+    assert timed.seconds > 0
 
 
 def test_typographic_writes_a_class_name_when_bound() -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from mmchaos.perturb.base import BindContext, ImageArray, TargetAwarePerturbation, severity_value
 from mmchaos.perturb.deployment import AREA, _as_rgb, _fill_boxes
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.wrappers import as_model_call
 
 GRID = 8
 OCCLUSION_GRID = 4
@@ -192,9 +193,8 @@ class SaliencyOcclusion(TargetAwarePerturbation):
         module = target.torch_module()
         preprocess = _find(target, "preprocess_images")
         classes = self._class_embeddings(target)
-        out: list[Any] = []
-        for start in range(0, len(rgbs), 32):
-            chunk = rgbs[start : start + 32]
+
+        def grad_maps(chunk: list[ImageArray]) -> Any:
             pixels = preprocess(chunk).detach().clone().float().requires_grad_(True)
             with torch.enable_grad():
                 result = module.get_image_features(pixel_values=pixels)
@@ -206,7 +206,13 @@ class SaliencyOcclusion(TargetAwarePerturbation):
                 else:
                     score = feats.float().norm(dim=-1).sum()
                 (grad,) = torch.autograd.grad(score, pixels)
-            maps = grad.abs().amax(dim=1).detach().cpu().numpy()
+            return grad.abs().amax(dim=1).detach().cpu().numpy()
+
+        out: list[Any] = []
+        for start in range(0, len(rgbs), 32):
+            chunk = rgbs[start : start + 32]
+            # The forward and backward passes are model work: one model call of the (timed) target.
+            maps = as_model_call(target, grad_maps, chunk)
             for rgb, m in zip(chunk, maps, strict=True):
                 out.append(
                     cv2.resize(m.astype(np.float32), (rgb.shape[1], rgb.shape[0]), interpolation=cv2.INTER_LINEAR)

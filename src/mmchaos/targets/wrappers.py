@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from mmchaos.targets.base import Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 
-__all__ = ["DelegatingTarget", "unwrap"]
+__all__ = ["DelegatingTarget", "as_model_call", "unwrap"]
 
 R = TypeVar("R")
 
@@ -118,3 +118,13 @@ def unwrap(target: Target) -> Target:
             break
         target = inner
     return target
+
+
+def as_model_call(target: Any, fn: Callable[..., R], *args: Any) -> R:
+    """Run ``fn`` (torch work on the target's own module, e.g. a gradient) as one model call of
+    ``target``: a wrapper's :meth:`~DelegatingTarget.call` times or counts it (the runner's model
+    clock), a plain target just runs it. For code below the runner (perturbations) that must not
+    import it."""
+    if isinstance(target, DelegatingTarget):
+        return target.call(fn, *args)
+    return fn(*args)
