@@ -9,7 +9,7 @@ import hashlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +21,6 @@ from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Artifact
 from mmchaos.targets.base import Capability, Target
-from mmchaos.targets.wrappers import DelegatingTarget
 from mmchaos.tasks.ocr_metrics import cer
 
 if TYPE_CHECKING:
@@ -40,12 +39,10 @@ __all__ = [
     "encode_image",
     "eps_label",
     "eps_values",
-    "on_model",
     "sampled",
     "worst_records",
 ]
 
-R = TypeVar("R")
 
 ImageArray = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
@@ -125,14 +122,6 @@ class SampledPlan:
     def data(self, worker: Worker) -> Dataset:
         """The attacked samples, selected once per worker."""
         return worker.memo(f"{self.key}/data", lambda: worker.dataset.select(self.indices))
-
-
-def on_model(target: Target, fn: Callable[..., R], *args: Any) -> R:
-    """Run ``fn`` (torch work on the target's own module: a gradient attack) as one model call of
-    ``target``, so the runner's model clock (or a Ray actor's) counts it; plain targets just run it."""
-    if isinstance(target, DelegatingTarget):
-        return target.call(fn, *args)
-    return fn(*args)
 
 
 def encode_image(image: ImageArray) -> dict[str, Any]:

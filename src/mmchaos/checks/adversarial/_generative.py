@@ -20,12 +20,12 @@ from mmchaos._lazy import require
 from mmchaos.attacks.gradient import AttackConfig, pgd
 from mmchaos.attacks.losses import answer_nll_loss
 from mmchaos.attacks.preprocess import DIFFERENTIABLE, MIRROR_TOLERANCE, processor_mirror, to_images, to_tensor
-from mmchaos.checks.adversarial._common import SampledPlan, decode_image, encode_image, on_model
+from mmchaos.checks.adversarial._common import SampledPlan, decode_image, encode_image
 from mmchaos.checks.base import CheckContext
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
 from mmchaos.executors import Worker
-from mmchaos.targets.wrappers import unwrap
+from mmchaos.targets.wrappers import as_model_call, unwrap
 from mmchaos.tasks.generative import VQAAccuracy
 
 __all__ = ["GenerativeOutcome", "attack_vlm"]
@@ -104,7 +104,7 @@ def run_vlm_unit(worker: Worker, plan: VlmPlan, unit: VlmUnit) -> VlmResult:
         loss = answer_nll_loss(model, inputs, answer, mirror.pixels)
         gen = torch.Generator(device=device)
         gen.manual_seed(cfg.seed + i)
-        x_adv, _ = on_model(worker.target, partial(pgd, generator=gen), loss, to_tensor([image], device), cfg)
+        x_adv, _ = as_model_call(worker.target, partial(pgd, generator=gen), loss, to_tensor([image], device), cfg)
         adv.append(to_images(x_adv)[0])
     judged = VQAAccuracy(batch_size=8).evaluate(worker.target, data.select(list(unit.positions)), images=adv)
     correct = [bool(v > 0) for v in judged.per_sample]

@@ -34,10 +34,10 @@ from mmchaos.checks.adversarial._common import (
     by_shape,
     decode_image,
     encode_image,
-    on_model,
 )
 from mmchaos.errors import TargetCallError
 from mmchaos.executors import Worker
+from mmchaos.targets.wrappers import as_model_call
 
 __all__ = [
     "AttackPlan",
@@ -225,7 +225,7 @@ def run_pgd_unit(worker: Worker, plan: AttackPlan, unit: PgdUnit) -> PgdResult:
         loss = retrieval_loss(path, refs[torch.tensor(part)])
     gen = torch.Generator(device=path.device)
     gen.manual_seed(unit.seed)
-    adv, stats = on_model(worker.target, lambda: pgd(loss, x, plan.configs[unit.level], generator=gen))
+    adv, stats = as_model_call(worker.target, lambda: pgd(loss, x, plan.configs[unit.level], generator=gen))
     images = to_images(adv)
     correct = [bool(c) for c in judge.correct(images, part)]
     return PgdResult(

@@ -20,13 +20,14 @@ from pydantic import Field
 
 from mmchaos._lazy import require
 from mmchaos.attacks.semantic import deepfool_margins, pixel_forward
-from mmchaos.checks.adversarial._common import SampledPlan, attack_set, decode_image, encode_image, on_model
+from mmchaos.checks.adversarial._common import SampledPlan, attack_set, decode_image, encode_image
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.errors import TargetCallError
 from mmchaos.executors import Worker
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
+from mmchaos.targets.wrappers import as_model_call
 
 __all__ = ["SemanticMargin", "SemanticMarginGate", "SemanticMarginParams"]
 
@@ -241,7 +242,7 @@ def run_margin_unit(worker: Worker, plan: MarginPlan, positions: tuple[int, ...]
             pred = (torch.nn.functional.normalize(path.forward(x0), dim=-1) @ class_emb.T).argmax(1)
         return result, pred
 
-    result, pred = on_model(worker.target, measure)
+    result, pred = as_model_call(worker.target, measure)
     correct = (pred.cpu() == truth.cpu()).numpy()
     margins = (result.linf * 255.0) if plan.norm == "linf" else result.l2
     order = sorted((j for j in range(len(positions)) if correct[j] and np.isfinite(margins[j])),
