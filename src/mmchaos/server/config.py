@@ -49,6 +49,12 @@ class ServerConfig(BaseModel):
     max_concurrency: int = Field(default=4, ge=1, le=1024)
     #: Requests allowed to wait for a slot; one more is answered 429 with Retry-After.
     max_queue: int = Field(default=64, ge=0, le=100_000)
+    #: Load shedding: a request that would wait longer than this many seconds for a slot (its
+    #: expected wait: the requests ahead of it times the measured interval between completions) is
+    #: refused at once with 429 ``overloaded`` and Retry-After, so the admitted ones stay within a
+    #: latency objective instead of all queueing past it. Half of the checks' default 1 s p99 SLO,
+    #: leaving room for the request's own service time. None: queue up to ``max_queue``.
+    max_queue_wait: float | None = Field(default=0.5, gt=0.0, le=3600.0)
     #: Whole-request budget (queueing, decoding, model); past it the answer is 504.
     request_timeout: float = Field(default=30.0, gt=0.0, le=3600.0)
     #: None: :data:`DEFAULT_BREAKER` with the slow-call threshold at the request timeout (a call

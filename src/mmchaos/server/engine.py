@@ -145,7 +145,7 @@ class GuardedServer:
             cfg.drift, name="server", registry=self.registry, on_alarm=self._on_drift, tracer=guard_tracer
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
-        self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels)
+        self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels, cfg.max_queue_wait)
         #: vLLM's generation metrics, for a target that generates (an embeddings server has none: a
         #: vllm:* latency series that never moves would read as a broken exporter).
         self.generation: GenerationMetrics | None = None
@@ -168,6 +168,10 @@ class GuardedServer:
         self.running = False
         self.outstanding = 0  # jobs in the worker pool, answered or not
         self._ewma_seconds = 0.05
+        self._ewma_measured = False  # the first job's time replaces the 0.05 s guess outright
+        #: EWMA of one model call's seconds (the model lock's hold time): calls run one at a time,
+        #: so the service cannot complete requests faster than one such call each.
+        self._model_seconds = 0.0
         self._hooks: list[str] = []
         self.api_keys = frozenset(k.get_secret_value() for k in cfg.api_keys)
 
@@ -372,7 +376,11 @@ class GuardedServer:
         """A slot and ``pixels`` of the budget by ``deadline`` (loop time): else 504, 429 or _ClientGone."""
         self.metrics.queued.inc()
         try:
-            await _unless_gone(self.admission.enter(deadline, self.retry_after, pixels), watcher)
+            # Until the admission measured the service saturated, the interval between completions
+            # is estimated as the longer of a job's time over the slots (what it is when the slots
+            # are the limit) and one model call (the model lock serialises the calls).
+            fallback = max(self._model_seconds, self._ewma_seconds / self.config.max_concurrency)
+            await _unless_gone(self.admission.enter(deadline, self.retry_after, pixels, fallback), watcher)
         except TimeoutError as exc:
             raise HTTPError(
                 504, "request_timeout", f"no slot freed up within the {self.config.request_timeout:g}s request timeout"
@@ -403,7 +411,9 @@ class GuardedServer:
             if admitted:
                 self.admission.release(pixels)
                 self.metrics.inflight.dec()
-                self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * (time.perf_counter() - started)
+                took = time.perf_counter() - started
+                self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * took if self._ewma_measured else took
+                self._ewma_measured = True
             if not f.cancelled():
                 f.exception()  # retrieved: a late failure after a 504 is not an unhandled error
 
@@ -479,6 +489,7 @@ class GuardedServer:
             finally:
                 elapsed = time.perf_counter() - start
                 _PREPROCESS.reset(token)
+                self._model_seconds = 0.8 * self._model_seconds + 0.2 * elapsed if self._model_seconds else elapsed
             if permit is not None:
                 permit.success()
         if self._hooks:
