@@ -100,8 +100,11 @@ def test_admission_sheds_on_the_measured_completion_interval() -> None:
         for _ in range(2):  # two completions 0.2 s apart while saturated: interval 0.2 s
             now[0] += 0.2
             adm.release()
+            for _ in range(5):  # let the admitted waiter resume (wait_for on a shielded future)
+                await asyncio.sleep(0)
         await asyncio.gather(*waiters)
         assert adm.interval == pytest.approx(0.2)
+        assert adm.wait_per_place == pytest.approx(0.2)  # waited 0.2 s in place 1, 0.4 s in place 2
         queued = [asyncio.ensure_future(adm.enter(deadline, lambda: 1)) for _ in range(2)]
         await asyncio.sleep(0)
         assert len(adm.waiters) == 2  # expected 0.2 s, then 0.4 s: both inside 0.5 s, both queue

@@ -52,11 +52,15 @@ class Admission:
         #: the slots, the model lock or a busy machine make of it. None until measured.
         self.interval: float | None = None
         self._last_busy_release: float | None = None
+        #: EWMA of what an admitted waiter really waited per place it had in the queue: the quantity
+        #: the estimate predicts, measured. It also holds what the interval cannot see: a busy event
+        #: loop that observes several completions at once, or resumes an admitted waiter late.
+        self.wait_per_place: float | None = None
 
     def expected_wait(self, fallback_interval: float = 0.0) -> float:
         """Seconds a request arriving now would wait for a slot: one completion per request ahead
         of it, plus the one that frees its own slot (``fallback_interval`` until one is measured)."""
-        per = self.interval if self.interval is not None else fallback_interval
+        per = max(self.interval if self.interval is not None else fallback_interval, self.wait_per_place or 0.0)
         return (len(self.waiters) + 1) * per
 
     def _fits(self, pixels: int) -> bool:
@@ -97,11 +101,15 @@ class Admission:
                 f"the server is at capacity ({self.active} running, {len(self.waiters)} waiting); retry in {wait}s",
                 headers={"Retry-After": str(wait)},
             )
+        places = len(self.waiters) + 1
+        queued_at = self.clock()
         fut: asyncio.Future[None] = loop.create_future()
         entry = (fut, pixels)
         self.waiters.append(entry)
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
+            sample = (self.clock() - queued_at) / places
+            self.wait_per_place = sample if self.wait_per_place is None else 0.8 * self.wait_per_place + 0.2 * sample
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self.release(pixels)  # admitted just as we gave up: pass it on
