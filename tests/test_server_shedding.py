@@ -121,3 +121,61 @@ def test_admission_sheds_on_the_measured_completion_interval() -> None:
         await asyncio.gather(*queued, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_request_cancelled_just_after_admission_gives_its_slot_back() -> None:
+    """The wedge: a request admitted (slot taken) whose own task is cancelled before it reads the
+    result (its client left as the slot came) held the slot forever; with every slot leaked so, the
+    server answered nothing until the request timeout. Reproduced deterministically on a loop."""
+    from mmchaos.server.engine import _unless_gone
+
+    async def scenario() -> None:
+        adm = Admission(limit=1, queue=10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
+        await adm.enter(deadline, lambda: 1)  # the slot is busy
+        gone: asyncio.Future[None] = loop.create_future()  # the client never leaves by itself
+        request = asyncio.ensure_future(
+            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(adm.waiters) == 1
+        adm.release()  # the busy request ends: the waiter is admitted
+        while adm.waiters:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the admission has returned; the request has not resumed yet
+        request.cancel()  # e.g. the server cancels the handler as its client disconnects
+        await asyncio.gather(request, return_exceptions=True)
+        assert adm.active == 0, "the cancelled request kept its slot"
+        gone.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_leaving_as_its_slot_is_granted_gives_the_slot_back() -> None:
+    """The same wedge by the everyday route: the client disconnects (``gone``) in the very step its
+    slot is granted; the admission, cancelled too late to notice, returned normally and the slot
+    was never released."""
+    from mmchaos.server.engine import _ClientGone, _unless_gone
+
+    async def scenario() -> None:
+        adm = Admission(limit=1, queue=10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
+        await adm.enter(deadline, lambda: 1)
+        gone: asyncio.Future[None] = loop.create_future()
+        request = asyncio.ensure_future(
+            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        adm.release()  # the slot is granted ...
+        gone.set_result(None)  # ... as the client leaves
+        [outcome] = await asyncio.gather(request, return_exceptions=True)
+        assert isinstance(outcome, _ClientGone)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert adm.active == 0, "the request whose client left kept its slot"
+
+    asyncio.run(scenario())

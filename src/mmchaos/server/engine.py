@@ -77,19 +77,34 @@ class _ClientGone(Exception):
     """The client disconnected while its request waited or ran."""
 
 
-async def _unless_gone(work: Awaitable[T], gone: asyncio.Future[Any] | None) -> T:
-    """``await work``, unless ``gone`` completes first: then ``work`` is cancelled and _ClientGone raised."""
+async def _unless_gone(
+    work: Awaitable[T], gone: asyncio.Future[Any] | None, undo: Callable[[T], object] | None = None
+) -> T:
+    """``await work``, unless ``gone`` completes first: then ``work`` is cancelled and _ClientGone raised.
+
+    ``undo(result)`` runs when ``work`` finishes with a result that nobody reads because this await
+    was cancelled (the cancellation came after ``work`` completed, or ``work`` completed in spite of
+    it): an admission that took a slot must give it back, or the slot is lost for good (the
+    post-overload wedge)."""
     if gone is None:
         return await work
     task = asyncio.ensure_future(work)
+
+    def drop() -> None:
+        if undo is not None:
+            # Now, or later: a cancelled ``work`` may still finish with a result (3.11's wait_for
+            # returns its inner result when that is ready as the cancellation arrives).
+            task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or undo(t.result()))
+        task.cancel()
+
     try:
         done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        task.cancel()
+        drop()
         raise
     if task in done:
         return task.result()
-    task.cancel()
+    drop()
     await asyncio.gather(task, return_exceptions=True)
     raise _ClientGone()
 
@@ -380,7 +395,11 @@ class GuardedServer:
             # is estimated as the longer of a job's time over the slots (what it is when the slots
             # are the limit) and one model call (the model lock serialises the calls).
             fallback = max(self._model_seconds, self._ewma_seconds / self.config.max_concurrency)
-            await _unless_gone(self.admission.enter(deadline, self.retry_after, pixels, fallback), watcher)
+            await _unless_gone(
+                self.admission.enter(deadline, self.retry_after, pixels, fallback),
+                watcher,
+                undo=lambda _: self.admission.release(pixels),
+            )
         except TimeoutError as exc:
             raise HTTPError(
                 504, "request_timeout", f"no slot freed up within the {self.config.request_timeout:g}s request timeout"
