@@ -407,9 +407,7 @@ def test_guards_off_serves_the_bare_target(target: ControlledTarget) -> None:
 
 def test_graceful_shutdown_finishes_every_request_in_flight(target: ControlledTarget) -> None:
     target.delay = 0.2
-    srv = ServerThread(
-        target, ServerConfig(max_concurrency=2, max_queue=8, max_queue_wait=None)
-    ).start()  # all six wait: no shedding
+    srv = ServerThread(target, ServerConfig(max_concurrency=2, max_queue=8)).start()
     port = srv.port
     n = 6
     with ThreadPoolExecutor(n) as pool:

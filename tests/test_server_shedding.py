@@ -179,3 +179,18 @@ def test_a_client_leaving_as_its_slot_is_granted_gives_the_slot_back() -> None:
         assert adm.active == 0, "the request whose client left kept its slot"
 
     asyncio.run(scenario())
+
+
+def test_mmchaos_serve_sheds_by_default_and_0_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mmchaos serve`` sheds at 0.5 s unless told otherwise; the library default queues (the run's
+    shared server, see ServerConfig.max_queue_wait). The HTTP serving itself is stubbed out: what
+    is checked is the config the command hands to it."""
+    import mmchaos.server
+    from mmchaos.cli.serve_cmd import serve_command
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(mmchaos.server, "serve", lambda target, config, **kw: seen.append(config))
+    serve_command(target="py:tests.fakes:hash_embed", port=0)
+    serve_command(target="py:tests.fakes:hash_embed", port=0, max_queue_wait=0.0)
+    assert [c.max_queue_wait for c in seen] == [0.5, None]
+    assert ServerConfig().max_queue_wait is None

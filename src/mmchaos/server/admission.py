@@ -126,6 +126,10 @@ class Admission:
         if saturated and self._last_busy_release is not None:
             sample = now - self._last_busy_release
             self.interval = sample if self.interval is None else 0.8 * self.interval + 0.2 * sample
+            if self.wait_per_place is not None:
+                # decays toward the interval: while everything that would queue is shed, no waiter
+                # is admitted to correct a high value, and it must not lock the queue shut
+                self.wait_per_place = 0.8 * self.wait_per_place + 0.2 * sample
         self._last_busy_release = now if saturated else None
         self.active -= 1
         self.pixels -= pixels
