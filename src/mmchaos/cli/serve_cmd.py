@@ -34,6 +34,15 @@ def serve_command(
         int, typer.Option("--max-concurrency", help="requests decoded and run at once", min=1)
     ] = 4,
     max_queue: Annotated[int, typer.Option("--max-queue", help="requests allowed to wait (429 beyond)", min=0)] = 64,
+    max_queue_wait: Annotated[
+        float,
+        typer.Option(
+            "--max-queue-wait",
+            help="shed load: refuse (429 overloaded, Retry-After) a request expected to wait longer than "
+            "this many seconds for a slot; 0 turns shedding off",
+            min=0.0,
+        ),
+    ] = 0.5,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per request (504 past it)", min=0.001)] = 30.0,
     model_names: Annotated[
         list[str] | None,
@@ -62,10 +71,13 @@ def serve_command(
     """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
     from mmchaos.server import ServerConfig, contract_from_yaml, serve
     from mmchaos.targets import TargetOptions, load_target
+    from mmchaos.targets.threads import limit_blas_threads
 
+    limit_blas_threads(1)  # the server's own numpy math (scores, drift): one BLAS thread (see the function)
     settings: dict[str, Any] = {
         "max_concurrency": max_concurrency,
         "max_queue": max_queue,
+        "max_queue_wait": max_queue_wait or None,
         "request_timeout": timeout,
         "guards": not no_guards,
         "model_name": model_names[0] if model_names else None,

@@ -4,6 +4,13 @@ A request enters when a slot is free *and* the pixels its images declare fit in 
 requests leave of the budget; otherwise it waits, in arrival order (the head of the queue blocks
 the ones behind it, so a large request is not starved by small ones), and undecoded: the budget is
 taken before any image is decoded, and given back when the request's work really ends.
+
+Load shedding: with ``max_wait`` set, a request that would have to queue is refused (429
+``overloaded`` with Retry-After) when its expected wait -- the requests ahead of it times the
+measured interval between completions while the server is saturated -- exceeds ``max_wait`` or
+what is left of its deadline. Queueing everything up to ``queue`` instead lets a burst push every
+admitted request past its latency objective (all of them late, goodput collapses); shedding keeps
+the admitted ones on time and tells the rest, cheaply, when to come back.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
+import time
 from collections.abc import Callable
 
 from mmchaos.server.errors import HTTPError
@@ -19,15 +28,40 @@ __all__ = ["Admission"]
 
 
 class Admission:
-    """``limit`` slots and ``pixel_budget`` decoded pixels; 429 ``queue_full`` beyond ``queue`` waiters."""
+    """``limit`` slots and ``pixel_budget`` decoded pixels; 429 ``queue_full`` beyond ``queue`` waiters,
+    429 ``overloaded`` when the expected queue wait is past ``max_wait`` seconds (None: never)."""
 
-    def __init__(self, limit: int, queue: int, pixel_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        queue: int,
+        pixel_budget: int | None = None,
+        max_wait: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.queue = queue
         self.pixel_budget = pixel_budget
+        self.max_wait = max_wait
+        self.clock = clock
         self.active = 0
         self.pixels = 0
         self.waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        #: EWMA of the seconds between two completions while the server was saturated (a slot
+        #: freed with every slot taken or someone waiting): the service's real throughput, whatever
+        #: the slots, the model lock or a busy machine make of it. None until measured.
+        self.interval: float | None = None
+        self._last_busy_release: float | None = None
+        #: EWMA of what an admitted waiter really waited per place it had in the queue: the quantity
+        #: the estimate predicts, measured. It also holds what the interval cannot see: a busy event
+        #: loop that observes several completions at once, or resumes an admitted waiter late.
+        self.wait_per_place: float | None = None
+
+    def expected_wait(self, fallback_interval: float = 0.0) -> float:
+        """Seconds a request arriving now would wait for a slot: one completion per request ahead
+        of it, plus the one that frees its own slot (``fallback_interval`` until one is measured)."""
+        per = max(self.interval if self.interval is not None else fallback_interval, self.wait_per_place or 0.0)
+        return (len(self.waiters) + 1) * per
 
     def _fits(self, pixels: int) -> bool:
         if self.active >= self.limit:
@@ -38,12 +72,27 @@ class Admission:
         self.active += 1
         self.pixels += pixels
 
-    async def enter(self, deadline: float, retry_after: Callable[[], int], pixels: int = 0) -> None:
-        """Take a slot and ``pixels`` of the budget, waiting until ``deadline`` (loop time) at most."""
+    async def enter(
+        self, deadline: float, retry_after: Callable[[], int], pixels: int = 0, fallback_interval: float = 0.0
+    ) -> None:
+        """Take a slot and ``pixels`` of the budget, waiting until ``deadline`` (loop time) at most.
+
+        ``fallback_interval`` stands for the completion interval until one was measured."""
         loop = asyncio.get_running_loop()
         if not self.waiters and self._fits(pixels):
             self._take(pixels)
             return
+        if self.max_wait is not None:
+            expected = self.expected_wait(fallback_interval)
+            if expected > min(self.max_wait, deadline - loop.time()):
+                wait = max(1, math.ceil(expected - self.max_wait))
+                raise HTTPError(
+                    429,
+                    "overloaded",
+                    f"the server is overloaded: a request now would wait about {expected:.2f}s for a slot "
+                    f"(at most {self.max_wait:g}s allowed); retry in {wait}s",
+                    headers={"Retry-After": str(wait)},
+                )
         if len(self.waiters) >= self.queue:
             wait = retry_after()
             raise HTTPError(
@@ -52,11 +101,15 @@ class Admission:
                 f"the server is at capacity ({self.active} running, {len(self.waiters)} waiting); retry in {wait}s",
                 headers={"Retry-After": str(wait)},
             )
+        places = len(self.waiters) + 1
+        queued_at = self.clock()
         fut: asyncio.Future[None] = loop.create_future()
         entry = (fut, pixels)
         self.waiters.append(entry)
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
+            sample = (self.clock() - queued_at) / places
+            self.wait_per_place = sample if self.wait_per_place is None else 0.8 * self.wait_per_place + 0.2 * sample
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self.release(pixels)  # admitted just as we gave up: pass it on
@@ -68,6 +121,16 @@ class Admission:
             raise
 
     def release(self, pixels: int = 0) -> None:
+        saturated = self.active >= self.limit or bool(self.waiters)
+        now = self.clock()
+        if saturated and self._last_busy_release is not None:
+            sample = now - self._last_busy_release
+            self.interval = sample if self.interval is None else 0.8 * self.interval + 0.2 * sample
+            if self.wait_per_place is not None:
+                # decays toward the interval: while everything that would queue is shed, no waiter
+                # is admitted to correct a high value, and it must not lock the queue shut
+                self.wait_per_place = 0.8 * self.wait_per_place + 0.2 * sample
+        self._last_busy_release = now if saturated else None
         self.active -= 1
         self.pixels -= pixels
         self._wake()

@@ -77,19 +77,34 @@ class _ClientGone(Exception):
     """The client disconnected while its request waited or ran."""
 
 
-async def _unless_gone(work: Awaitable[T], gone: asyncio.Future[Any] | None) -> T:
-    """``await work``, unless ``gone`` completes first: then ``work`` is cancelled and _ClientGone raised."""
+async def _unless_gone(
+    work: Awaitable[T], gone: asyncio.Future[Any] | None, undo: Callable[[T], object] | None = None
+) -> T:
+    """``await work``, unless ``gone`` completes first: then ``work`` is cancelled and _ClientGone raised.
+
+    ``undo(result)`` runs when ``work`` finishes with a result that nobody reads because this await
+    was cancelled (the cancellation came after ``work`` completed, or ``work`` completed in spite of
+    it): an admission that took a slot must give it back, or the slot is lost for good (the
+    post-overload wedge)."""
     if gone is None:
         return await work
     task = asyncio.ensure_future(work)
+
+    def drop() -> None:
+        if undo is not None:
+            # Now, or later: a cancelled ``work`` may still finish with a result (3.11's wait_for
+            # returns its inner result when that is ready as the cancellation arrives).
+            task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or undo(t.result()))
+        task.cancel()
+
     try:
         done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        task.cancel()
+        drop()
         raise
     if task in done:
         return task.result()
-    task.cancel()
+    drop()
     await asyncio.gather(task, return_exceptions=True)
     raise _ClientGone()
 
@@ -145,7 +160,7 @@ class GuardedServer:
             cfg.drift, name="server", registry=self.registry, on_alarm=self._on_drift, tracer=guard_tracer
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
-        self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels)
+        self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels, cfg.max_queue_wait)
         #: vLLM's generation metrics, for a target that generates (an embeddings server has none: a
         #: vllm:* latency series that never moves would read as a broken exporter).
         self.generation: GenerationMetrics | None = None
@@ -168,6 +183,10 @@ class GuardedServer:
         self.running = False
         self.outstanding = 0  # jobs in the worker pool, answered or not
         self._ewma_seconds = 0.05
+        self._ewma_measured = False  # the first job's time replaces the 0.05 s guess outright
+        #: EWMA of one model call's seconds (the model lock's hold time): calls run one at a time,
+        #: so the service cannot complete requests faster than one such call each.
+        self._model_seconds = 0.0
         self._hooks: list[str] = []
         self.api_keys = frozenset(k.get_secret_value() for k in cfg.api_keys)
 
@@ -372,7 +391,15 @@ class GuardedServer:
         """A slot and ``pixels`` of the budget by ``deadline`` (loop time): else 504, 429 or _ClientGone."""
         self.metrics.queued.inc()
         try:
-            await _unless_gone(self.admission.enter(deadline, self.retry_after, pixels), watcher)
+            # Until the admission measured the service saturated, the interval between completions
+            # is estimated as the longer of a job's time over the slots (what it is when the slots
+            # are the limit) and one model call (the model lock serialises the calls).
+            fallback = max(self._model_seconds, self._ewma_seconds / self.config.max_concurrency)
+            await _unless_gone(
+                self.admission.enter(deadline, self.retry_after, pixels, fallback),
+                watcher,
+                undo=lambda _: self.admission.release(pixels),
+            )
         except TimeoutError as exc:
             raise HTTPError(
                 504, "request_timeout", f"no slot freed up within the {self.config.request_timeout:g}s request timeout"
@@ -403,7 +430,9 @@ class GuardedServer:
             if admitted:
                 self.admission.release(pixels)
                 self.metrics.inflight.dec()
-                self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * (time.perf_counter() - started)
+                took = time.perf_counter() - started
+                self._ewma_seconds = 0.8 * self._ewma_seconds + 0.2 * took if self._ewma_measured else took
+                self._ewma_measured = True
             if not f.cancelled():
                 f.exception()  # retrieved: a late failure after a 504 is not an unhandled error
 
@@ -479,6 +508,7 @@ class GuardedServer:
             finally:
                 elapsed = time.perf_counter() - start
                 _PREPROCESS.reset(token)
+                self._model_seconds = 0.8 * self._model_seconds + 0.2 * elapsed if self._model_seconds else elapsed
             if permit is not None:
                 permit.success()
         if self._hooks:
