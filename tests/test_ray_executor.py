@@ -154,3 +154,49 @@ def test_model_calls_on_ray_actors_count_in_the_checks_model_time(tmp_path: Path
     # Each actor embeds the clean set for itself (its memo), so a Ray run makes at least as many calls.
     assert calls >= local_calls
     assert seconds > 0
+
+
+def _dies_once_at_three(worker: Any, shared: str, unit: int) -> int:
+    """Unit 3 kills its actor the first time it runs (a lost node), then runs normally."""
+    import os
+
+    marker = Path(shared) / "died"
+    if unit == 3 and not marker.exists():
+        marker.write_text("x")
+        os._exit(1)
+    return unit * 10
+
+
+def _always_kills_at_one(worker: Any, shared: str, unit: int) -> int:
+    import os
+
+    if unit == 1:
+        os._exit(1)
+    return unit * 10
+
+
+def test_a_unit_whose_actor_dies_runs_again_on_a_fresh_actor(tmp_path: Path, local_ray: None) -> None:
+    """Before: the actor's death was raised as the unit's error, so a lost node ended the check in an
+    error finding although the unit itself was fine."""
+    from mmchaos.executors import TargetSpec
+    from mmchaos.executors.ray import RayExecutor
+    from mmchaos.targets import TargetOptions
+
+    with RayExecutor(TargetSpec("py:tests.fakes:hash_embed", TargetOptions(), DATA), workers=2) as executor:
+        assert list(executor.map(_dies_once_at_three, str(tmp_path), list(range(8)))) == [u * 10 for u in range(8)]
+        assert (tmp_path / "died").exists(), "unit 3 did take its actor down once"
+
+
+def test_a_unit_that_kills_every_actor_fails_at_its_place_instead_of_retrying_forever(local_ray: None) -> None:
+    from mmchaos.errors import MMChaosError
+    from mmchaos.executors import TargetSpec
+    from mmchaos.executors.ray import RayExecutor
+    from mmchaos.targets import TargetOptions
+
+    with RayExecutor(TargetSpec("py:tests.fakes:hash_embed", TargetOptions(), DATA), workers=2) as executor:
+        got = executor.map(_always_kills_at_one, "", [0, 1, 2, 3])
+        assert next(got) == 0
+        with pytest.raises(MMChaosError, match="took down 3 Ray actors") as info:
+            next(got)
+        assert info.value.code == "executor_actor_lost"
+        assert list(executor.map(_always_kills_at_one, "", [2, 3])) == [20, 30], "the replaced actors serve on"

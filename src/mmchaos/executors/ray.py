@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mmchaos.errors import ConfigError, MissingDependencyError
+from mmchaos.errors import ConfigError, MissingDependencyError, MMChaosError
 from mmchaos.executors.base import Executor, TargetSpec, UnitFn, Worker
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ R = TypeVar("R")
 
 IN_FLIGHT_PER_WORKER = 2
 """Units queued on one actor: the next one is there when the current one ends."""
+
+UNIT_ATTEMPTS = 3
+"""How many actors a unit may take down before it is reported as failed (a lost node costs a retry;
+a unit that kills every actor it meets is the unit's fault, and retrying it forever would hang)."""
 
 
 def require_ray() -> Any:
@@ -165,6 +169,7 @@ class RayExecutor(Executor):
             resources["num_gpus"] = 1.0  # one target actor per device
         self._actor_class = self._ray.remote(**resources)(TargetActor)
         self._actors = [self._actor_class.remote(spec) for _ in range(self.workers)]
+        self._generation = [0] * self.workers  # bumped when an actor is replaced
         self._ray.get([a.ready.remote() for a in self._actors])
         log.info("ray executor: %d actor(s) hold %s", self.workers, spec.uri)
 
@@ -174,25 +179,58 @@ class RayExecutor(Executor):
         ray = self._ray
         shared_ref = ray.put(shared)
         load = dict.fromkeys(range(len(self._actors)), 0)
-        pending: dict[Any, tuple[int, int]] = {}  # object ref -> (unit index, actor index)
+        pending: dict[Any, tuple[int, int, int, int]] = {}  # ref -> (unit index, actor, its generation, sent #)
         done: dict[int, R] = {}
         failed: dict[int, BaseException] = {}
+        lost: dict[int, int] = {}  # unit index -> actors that died running it
+        charged: set[tuple[int, int]] = set()  # dead (actor, generation)s whose death is put on a unit
+        sent = 0
         window = IN_FLIGHT_PER_WORKER * len(self._actors)
         submitted = 0
+
+        def submit(position: int) -> None:
+            nonlocal sent
+            actor = min(load, key=lambda a: (load[a], a))
+            ref = self._actors[actor].run.remote(fn, shared_ref, units[position])
+            pending[ref] = (position, actor, self._generation[actor], sent)
+            load[actor] += 1
+            sent += 1
+
+        def ran_when_it_died(actor: int, generation: int, number: int) -> bool:
+            """An actor runs its units in the order sent: the death is the oldest pending one's."""
+            if (actor, generation) in charged or any(
+                (a, g) == (actor, generation) and n < number for _, a, g, n in pending.values()
+            ):
+                return False
+            charged.add((actor, generation))
+            return True
+
         for index in range(len(units)):
             while index not in done and index not in failed:
                 while submitted < len(units) and submitted - index < window:
-                    actor = min(load, key=lambda a: (load[a], a))
-                    ref = self._actors[actor].run.remote(fn, shared_ref, units[submitted])
-                    pending[ref] = (submitted, actor)
-                    load[actor] += 1
+                    submit(submitted)
                     submitted += 1
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
-                    position, actor = pending.pop(ref)
+                    position, actor, generation, number = pending.pop(ref)
                     load[actor] -= 1
                     try:
                         done[position], busy = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:  # the actor died (a lost node, OOM kill)
+                        if generation == self._generation[actor]:  # its other units see the same death
+                            self.replace_actor(actor)
+                        if ran_when_it_died(actor, generation, number):
+                            lost[position] = lost.get(position, 0) + 1
+                        if lost.get(position, 0) >= UNIT_ATTEMPTS:
+                            failed[position] = MMChaosError(
+                                f"work unit {position} took down {lost[position]} Ray actors; last: {_first_line(exc)}",
+                                code="executor_actor_lost",
+                            )
+                        else:
+                            log.warning("a Ray actor died under unit %d; running it again: %s", position,
+                                        _first_line(exc))  # fmt: skip
+                            submit(position)  # units are deterministic: running one again gives its result
+                        continue
                     except Exception as exc:  # raised at the unit's place in the order, as locally
                         failed[position] = exc
                         continue
@@ -219,6 +257,7 @@ class RayExecutor(Executor):
         with contextlib.suppress(Exception):  # a dead actor cannot be killed twice
             self._ray.kill(self._actors[index], no_restart=True)
         self._actors[index] = self._actor_class.remote(self.spec)
+        self._generation[index] += 1
         return self._actors[index]
 
     def close(self) -> None:
