@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.errors import ConfigError, MissingDependencyError
-from mmchaos.perturb.meaning import MiniLMEmbedder, SentenceEmbedder
+from mmchaos.errors import ConfigError
+from mmchaos.perturb.meaning import DefaultEmbedder, SentenceEmbedder
 from mmchaos.perturb.text import HOMOGLYPHS, KEYBOARD, match_case, replace_words, split_core, word_spans
 from mmchaos.perturb.text_tables import SYNONYMS
 
@@ -127,24 +127,20 @@ class MeaningConstraint:
 
     def __init__(self, min_similarity: float = 0.85, embedder: SentenceEmbedder | None = None) -> None:
         self.min_similarity = float(min_similarity)
-        self._embedder = embedder
-        self._loaded = embedder is not None
-        self.embedder_name = getattr(embedder, "name", type(embedder).__name__) if embedder is not None else ""
+        self._default = DefaultEmbedder(embedder)
         self.fallback_reason: str | None = None
         self._cache: dict[str, npt.NDArray[np.float32]] = {}
 
     def _load(self) -> SentenceEmbedder | None:
-        if not self._loaded:
-            self._loaded = True
-            try:
-                self._embedder = MiniLMEmbedder()
-                self.embedder_name = MiniLMEmbedder.name
-            except MissingDependencyError as exc:
-                self.fallback_reason = exc.message
-            except Exception as exc:  # a broken install falls back too, and says so
-                self.fallback_reason = f"cannot load the embedding model ({type(exc).__name__}: {exc})"
+        embed = self._default.get()
+        if embed is None and self.fallback_reason is None:  # a broken install falls back too, and says so
+            broken = self._default.broken
+            if broken is not None:
+                self.fallback_reason = f"cannot load the embedding model ({type(broken).__name__}: {broken})"
                 log.warning("meaning constraint: %s", self.fallback_reason)
-        return self._embedder
+            else:
+                self.fallback_reason = self._default.missing
+        return embed
 
     @property
     def active(self) -> bool:
@@ -153,7 +149,7 @@ class MeaningConstraint:
     def describe(self) -> dict[str, Any]:
         if self._load() is None:
             return {"constraint": self.FALLBACK, "fallback_reason": self.fallback_reason}
-        return {"constraint": "sentence similarity", "embedder": self.embedder_name,
+        return {"constraint": "sentence similarity", "embedder": self._default.name,
                 "min_similarity": self.min_similarity}  # fmt: skip
 
     def _embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:

@@ -31,7 +31,7 @@ from mmchaos.errors import MissingDependencyError
 if TYPE_CHECKING:
     from mmchaos.perturb.base import TextPerturbation
 
-__all__ = ["MINILM_SHA256", "MeaningKept", "MiniLMEmbedder", "SentenceEmbedder"]
+__all__ = ["MINILM_SHA256", "DefaultEmbedder", "MeaningKept", "MiniLMEmbedder", "SentenceEmbedder"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,34 @@ class MiniLMEmbedder:
         return np.ascontiguousarray(unit.numpy(), dtype=np.float32)
 
 
+class DefaultEmbedder:
+    """The sentence embedder a caller gave, or all-MiniLM loaded on first use (once).
+
+    Meaning constraints run without the ``meaning`` extra by falling back; they need to know why
+    the model is absent: ``missing`` (the extra is not installed: its message) or ``broken`` (it is
+    installed but failed to load), so each can word its fallback and choose how loudly to log it.
+    """
+
+    def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
+        self._embedder = embedder
+        self._loaded = embedder is not None
+        self.name = getattr(embedder, "name", type(embedder).__name__) if embedder is not None else ""
+        self.missing: str | None = None
+        self.broken: Exception | None = None
+
+    def get(self) -> SentenceEmbedder | None:
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self._embedder = MiniLMEmbedder()
+                self.name = MiniLMEmbedder.name
+            except MissingDependencyError as exc:
+                self.missing = exc.message
+            except Exception as exc:  # a broken install falls back too; the caller says so
+                self.broken = exc
+        return self._embedder
+
+
 class MeaningKept:
     """Redraw a text perturbation until the sentence similarity to the original is high enough."""
 
@@ -100,29 +128,26 @@ class MeaningKept:
     ) -> None:
         self.min_similarity = float(min_similarity)
         self.max_draws = max(1, int(max_draws))
-        self._embedder = embedder
-        self._loaded = embedder is not None
+        self._default = DefaultEmbedder(embedder)
         self.skipped: str | None = None
-        self.embedder_name = getattr(embedder, "name", type(embedder).__name__) if embedder is not None else ""
 
     def _load(self) -> SentenceEmbedder | None:
-        if not self._loaded:
-            self._loaded = True
-            try:
-                self._embedder = MiniLMEmbedder()
-                self.embedder_name = MiniLMEmbedder.name
-            except MissingDependencyError as exc:
-                self.skipped = f"meaning-kept constraint skipped: {exc.message}"
-                log.info(self.skipped)
-            except Exception as exc:  # a broken install must not stop a robustness sweep
-                self.skipped = f"meaning-kept constraint skipped: cannot load the embedding model ({exc})"
+        embed = self._default.get()
+        if embed is None and self.skipped is None:  # a broken install must not stop a robustness sweep
+            if self._default.broken is not None:
+                self.skipped = (
+                    f"meaning-kept constraint skipped: cannot load the embedding model ({self._default.broken})"
+                )
                 log.warning(self.skipped)
-        return self._embedder
+            else:
+                self.skipped = f"meaning-kept constraint skipped: {self._default.missing}"
+                log.info(self.skipped)
+        return embed
 
     def describe(self) -> dict[str, Any]:
         if self.skipped:
             return {"skipped": self.skipped}
-        return {"min_similarity": self.min_similarity, "max_draws": self.max_draws, "embedder": self.embedder_name}
+        return {"min_similarity": self.min_similarity, "max_draws": self.max_draws, "embedder": self._default.name}
 
     def sample(
         self, perturbation: TextPerturbation, batch: Sequence[str], severity: int, rng: np.random.Generator
