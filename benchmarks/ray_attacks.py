@@ -15,12 +15,12 @@ import json
 import time
 from typing import Any
 
+from _ray_bench import start as start_ray
+from _ray_bench import torch_threads
+
 from mmchaos.checks.base import CheckContext
-from mmchaos.executors import TargetSpec
-from mmchaos.executors.ray import RayExecutor, require_ray
-from mmchaos.runner import default_data
+from mmchaos.executors.ray import RayExecutor
 from mmchaos.suites import SuiteSpec, build_checks
-from mmchaos.targets import TargetOptions, load_target
 
 
 def suite(samples: int, batch: int, steps: int) -> SuiteSpec:
@@ -62,16 +62,6 @@ def measure(
     return row
 
 
-def _torch_threads(n: int) -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    before = int(torch.get_num_threads())
-    torch.set_num_threads(n)
-    return before
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="builtin:tiny-clip")
@@ -81,21 +71,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per executor (the best is kept)")
     parser.add_argument("--default-threads", action="store_true", help="also time local with torch's default threads")
     args = parser.parse_args()
-    ray = require_ray()
-    start = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray_start = time.perf_counter() - start
-    target = load_target(args.target)
-    spec = TargetSpec(args.target, TargetOptions(), default_data(target))
+    ray, ray_start, target, spec, default_threads = start_ray(args.target)
     from mmchaos.data import load_dataset
 
     dataset = load_dataset(spec.data)
     checks = build_checks(suite(args.samples, args.batch, args.steps))
-    before = _torch_threads(1)  # a Ray actor gets 1 CPU, so torch runs 1 thread there
+    before = torch_threads(1)  # a Ray actor gets 1 CPU, so torch runs 1 thread there
     name = "local-1-thread" if before is not None else "local"
     rows = [measure(name, checks, target, dataset, None, repeats=args.repeats)]
     if before is not None and args.default_threads:  # warm already; slow on a loaded machine: timed once
-        _torch_threads(before)
+        torch_threads(default_threads)  # torch's default (the built-ins load at 1 thread)
         rows.insert(0, measure("local", checks, target, dataset, None, warm=False))
     starts = {}
     try:

@@ -16,12 +16,13 @@ import json
 import time
 from typing import Any
 
+from _ray_bench import start as start_ray
+from _ray_bench import torch_threads
+
 from mmchaos.checks.base import CheckContext
-from mmchaos.executors import LocalExecutor, TargetSpec, Worker
-from mmchaos.executors.ray import RayExecutor, require_ray
-from mmchaos.runner import default_data
+from mmchaos.executors import LocalExecutor, Worker
+from mmchaos.executors.ray import RayExecutor
 from mmchaos.suites import SuiteSpec, build_checks
-from mmchaos.targets import TargetOptions, load_target
 
 
 def _noop(worker: Worker, shared: None, unit: int) -> int:
@@ -79,21 +80,16 @@ def main() -> None:
     parser.add_argument("--shard", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    ray = require_ray()
-    start = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray_start = time.perf_counter() - start
-    target = load_target(args.target)
-    spec = TargetSpec(args.target, TargetOptions(), default_data(target))
+    ray, ray_start, target, spec, default_threads = start_ray(args.target)
     dataset = _dataset(spec.data)
     ((_, check),) = build_checks(suite(args.samples, args.shard))
+    loaded_threads = torch_threads(default_threads)  # torch's default (the built-ins load at 1 thread)
     rows = [measure("local", check, target, dataset, None, args.repeats)]
     print(json.dumps({k: v for k, v in rows[-1].items() if k != "findings"}), flush=True)
-    one_thread = _torch_threads(1)  # a Ray actor gets 1 CPU, so torch runs 1 thread there
-    if one_thread is not None:
+    if torch_threads(1) is not None:  # a Ray actor gets 1 CPU, so torch runs 1 thread there
         rows.append(measure("local-1-thread", check, target, dataset, None, args.repeats))
-        _torch_threads(one_thread)
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "findings"}), flush=True)
+    torch_threads(loaded_threads)
     starts = {}
     try:
         for workers in (1, 2):
@@ -123,17 +119,6 @@ def main() -> None:
     print(f"per-task overhead, (ray-1 - local, both 1 thread) / units: {1000 * (one - local) / units:.1f} ms")
     print(f"per-task dispatch, no-op unit: local {1e6 * local_noop:.1f} us, ray {1000 * ray_noop:.2f} ms")
     print(f"ray-2 vs ray-1: {one / two:.2f}x")
-
-
-def _torch_threads(n: int) -> int | None:
-    """Set torch's intra-op threads to ``n``; the previous count (None without torch)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    before = int(torch.get_num_threads())
-    torch.set_num_threads(n)
-    return before
 
 
 def _units(samples: int, shard: int) -> int:

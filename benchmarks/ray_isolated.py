@@ -19,15 +19,15 @@ import re
 import time
 from typing import Any
 
+from _ray_bench import start as start_ray
+
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractParams
 from mmchaos.checks.contract.fuzz import ContractFuzz, ContractFuzzParams
 from mmchaos.data import load_dataset
-from mmchaos.executors import TargetSpec
-from mmchaos.executors.ray import RayExecutor, require_ray
+from mmchaos.executors.ray import RayExecutor
 from mmchaos.resources import RunResources
-from mmchaos.runner import TimedTarget, default_data
-from mmchaos.targets import TargetOptions, load_target
+from mmchaos.runner import TimedTarget
 
 _MEASURED = re.compile(r"seconds|_s$|per_s|rss_growth|load_seconds")
 
@@ -68,12 +68,7 @@ def main() -> None:
     parser.add_argument("--target", default="py:tests.broken_targets:contract_safe")
     parser.add_argument("--fuzz-cases", type=int, default=400)
     args = parser.parse_args()
-    ray = require_ray()
-    start = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray_start = time.perf_counter() - start
-    target = load_target(args.target)
-    spec = TargetSpec(args.target, TargetOptions(), default_data(target))
+    ray, ray_start, target, spec, _ = start_ray(args.target)
     dataset = load_dataset(spec.data)
     fuzz = {"max_cases": args.fuzz_cases, "max_seconds": 600, "minimise": False}
 
