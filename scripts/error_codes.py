@@ -1,7 +1,7 @@
 """Write docs/error-codes.md, the catalogue of mmchaos's stable error codes, from the one table.
 
 The table is :data:`mmchaos.error_codes.CODES`. Add or rename a code there, then run
-``python scripts/error_codes.py``; tests/test_error_codes.py fails while the sources, the table and
+``python scripts/error_codes.py``; tests/unit/runs/test_error_codes.py fails while the sources, the table and
 this page disagree, so a code never changes by accident.
 """
 
@@ -25,7 +25,7 @@ they change only on purpose, with a note in the changelog. Each code has one HTT
 `mmchaos serve`, the fault proxy's control API and the guards' `http_status` answer it with.
 
 This page is generated from the table in `src/mmchaos/error_codes.py` by
-`python scripts/error_codes.py`; `tests/test_error_codes.py` checks that every code the sources
+`python scripts/error_codes.py`; `tests/unit/runs/test_error_codes.py` checks that every code the sources
 use is in the table, that every entry is used, and that this page is current.
 
 Where an error reaches the user:

@@ -1,7 +1,7 @@
 """The catalogue of mmchaos's stable error codes: each code's one HTTP status and its meaning.
 
 Codes are an API (scripts, dashboards and HTTP clients switch on them), so they live here as data
-rather than as free strings at the raise sites: ``tests/test_error_codes.py`` fails on a code the
+rather than as free strings at the raise sites: ``tests/unit/runs/test_error_codes.py`` fails on a code the
 sources use that this table lacks (a typo would otherwise become a new code) and on an entry no
 source uses; ``docs/error-codes.md`` is rendered from it by ``python scripts/error_codes.py``.
 

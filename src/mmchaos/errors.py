@@ -6,7 +6,7 @@ children to exit code 2; anything else escaping a check becomes an ``error`` fin
 
 Every code mmchaos raises is an entry of :data:`mmchaos.error_codes.CODES` (its one HTTP status and
 meaning), which :attr:`MMChaosError.http_status` reads. Codes are checked against the table by
-``tests/test_error_codes.py`` (a scan of the sources), not at construction: a third-party plugin's
+``tests/unit/runs/test_error_codes.py`` (a scan of the sources), not at construction: a third-party plugin's
 own code, or a remote endpoint's passed through, must never crash a run; such a code answers with
 the status of the nearest class whose default code is in the table.
 
