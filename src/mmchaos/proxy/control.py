@@ -15,8 +15,8 @@
     POST   /reset                            enable every proxy, remove every toxic
     GET    /metrics                          Prometheus text format
 
-Errors are ``{"error": message, "status": code, "code": stable_code}`` like toxiproxy's, with
-mmchaos's stable code added.
+Errors are toxiproxy's ``{"error": message, "status": http_status}`` with mmchaos's stable ``"code"``
+added; each code's one status is in :mod:`mmchaos.error_codes` (docs/error-codes.md).
 
 Like toxiproxy, it refuses what a web page could send: any request from a ``Mozilla/`` user agent
 or with a foreign ``Origin`` (403 ``control_browser_refused``), and request bodies that are not
@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mmchaos.errors import ConfigError, MMChaosError, UnknownNameError
-from mmchaos.net import REMOTE_REFUSED, is_loopback_address, literal_ip, require_loopback, require_loopback_async
+from mmchaos.net import is_loopback_address, literal_ip, require_loopback, require_loopback_async
 from mmchaos.proxy._http import HttpServer, Request, Response
 from mmchaos.proxy.config import ProxyConfig
 from mmchaos.proxy.proxy import FaultProxy
@@ -144,15 +144,15 @@ def _is_json(content_type: str) -> bool:
 def _browser_refusal(req: Request) -> Response | None:
     """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415)."""
     if req.headers.get("user-agent", "").startswith("Mozilla/"):
-        return Response.error(403, "requests from browsers are refused", "control_browser_refused")
+        return Response.error("control_browser_refused", "requests from browsers are refused")
     origin = req.headers.get("origin")
     if origin is not None:
         host = urlsplit(origin).hostname or ""
         if not (host == "localhost" or (literal_ip(host) and is_loopback_address(host))):
-            return Response.error(403, f"requests from origin {origin[:100]!r} are refused", "control_browser_refused")
+            return Response.error("control_browser_refused", f"requests from origin {origin[:100]!r} are refused")
     if req.body.strip() and not _is_json(req.headers.get("content-type", "")):
         return Response.error(
-            415, "request bodies must be JSON (Content-Type: application/json)", "control_unsupported_media_type"
+            "control_unsupported_media_type", "request bodies must be JSON (Content-Type: application/json)"
         )
     return None
 
@@ -188,13 +188,8 @@ class ControlServer(HttpServer):
             return refusal
         try:
             return await self._route(req)
-        except UnknownNameError as exc:
-            return Response.error(400 if exc.code == "unknown_toxic" else 404, exc.message, exc.code)
-        except ConfigError as exc:
-            status = 409 if exc.code in ("toxic_exists", "proxy_exists") else 403 if exc.code == REMOTE_REFUSED else 400
-            return Response.error(status, exc.message, exc.code)
-        except MMChaosError as exc:
-            return Response.error(400, exc.message, exc.code)
+        except MMChaosError as exc:  # the code's status: 400, 403 not loopback, 404 unknown, 409 duplicate
+            return Response.error(exc.code, exc.message, fallback=exc.http_status)
 
     def _proxy(self, name: str) -> FaultProxy:
         try:
@@ -235,7 +230,7 @@ class ControlServer(HttpServer):
             return Response.json({"proxies": [p.to_json() for p in created]}, 201)
         parts = [unquote(p) for p in path.split("/") if p]
         if not parts or parts[0] != "proxies" or len(parts) > 4 or (len(parts) >= 3 and parts[2] != "toxics"):
-            return Response.error(404, f"no route {method} {path}", "control_no_route")
+            return Response.error("control_no_route", f"no route {method} {path}")
         name = parts[1] if len(parts) > 1 else None
         toxic_name = parts[3] if len(parts) > 3 else None
         if name is None:
@@ -249,7 +244,7 @@ class ControlServer(HttpServer):
                 if config.name in self.proxies:
                     raise ConfigError(f"proxy {config.name!r} already exists", code="proxy_exists")
                 return Response.json((await self._start(self._new(config))).to_json(), 201)
-            return Response.error(405, f"{method} not allowed on /proxies", "control_method")
+            return Response.error("control_method", f"{method} not allowed on /proxies")
         proxy = self._proxy(name)
         if len(parts) == 2:
             if method == "GET":
@@ -271,7 +266,7 @@ class ControlServer(HttpServer):
             if method == "DELETE":
                 await self._delete(name)
                 return Response(204, content_type=None)
-            return Response.error(405, f"{method} not allowed here", "control_method")
+            return Response.error("control_method", f"{method} not allowed here")
         if toxic_name is None:
             if method == "GET":
                 return Response.json([t.model_dump(mode="json") for t in proxy.toxics])
@@ -280,7 +275,7 @@ class ControlServer(HttpServer):
                 if not isinstance(body, dict):
                     raise ConfigError("a toxic must be a JSON object", code="config_invalid_toxic")
                 return Response.json(proxy.add_toxic(body).model_dump(mode="json"))
-            return Response.error(405, f"{method} not allowed here", "control_method")
+            return Response.error("control_method", f"{method} not allowed here")
         if method == "GET":
             return Response.json(proxy.get_toxic(toxic_name).model_dump(mode="json"))
         if method in _UPDATE_METHODS:
@@ -291,7 +286,7 @@ class ControlServer(HttpServer):
         if method == "DELETE":
             proxy.remove_toxic(toxic_name)
             return Response(204, content_type=None)
-        return Response.error(405, f"{method} not allowed here", "control_method")
+        return Response.error("control_method", f"{method} not allowed here")
 
     def _new(self, config: ProxyConfig) -> FaultProxy:
         return FaultProxy.from_config(config, allow_remote=self.allow_remote)
