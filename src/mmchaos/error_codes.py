@@ -143,7 +143,12 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("bad_aspect_ratio", 422, "an image's aspect ratio exceeds the limit"),
         ("bad_data_url", 400, "a string that is not a base64 data: URL"),
         ("bad_embeddings", 400, "a drift reference with too few or malformed embeddings"),
-        ("bad_event", 400, "an SLO event without what the SLO needs (e.g. its latency)"),
+        (
+            "bad_event",
+            400,
+            "an impossible SLO event (a negative count, a NaN or negative latency) or one without its latency",
+        ),
+        ("bad_modality", 400, "a drift monitor fed a modality that is not a non-empty string"),
         ("bad_image", 400, "the data is not a recognised image"),
         ("bad_input_type", 400, "an input of the wrong Python type (e.g. a data URL that is not a str)"),
         ("bad_utf8", 400, "a text that is not valid UTF-8 (or holds lone surrogates UTF-8 cannot encode)"),
