@@ -146,7 +146,7 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         (
             "bad_event",
             400,
-            "an impossible SLO event (a negative count, a NaN or negative latency) or one without its latency",
+            "an impossible SLO event (negative count, NaN or negative latency) or one lacking its latency",
         ),
         ("bad_modality", 400, "a drift monitor fed a modality that is not a non-empty string"),
         ("bad_image", 400, "the data is not a recognised image"),
