@@ -213,6 +213,7 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("config_missing_file", 400, "a toxics file does not exist"),
         ("control_bad_json", 400, "a control API body that is not strict JSON, or nests too deep"),
         ("control_browser_refused", 403, "a control API request from a browser (Mozilla/ agent, foreign Origin)"),
+        ("control_host_refused", 403, "a control API request whose Host is not a loopback name (DNS rebinding)"),
         ("control_method", 405, "a control API path that does not take this method"),
         ("control_no_route", 404, "no such control API path"),
         ("control_unsupported_media_type", 415, "a control API body whose Content-Type is not JSON"),

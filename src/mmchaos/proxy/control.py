@@ -19,7 +19,8 @@ Errors are toxiproxy's ``{"error": message, "status": http_status}`` with mmchao
 added; each code's one status is in :mod:`mmchaos.error_codes` (docs/error-codes.md).
 
 Like toxiproxy, it refuses what a web page could send: any request from a ``Mozilla/`` user agent
-or with a foreign ``Origin`` (403 ``control_browser_refused``), and request bodies that are not
+or with an ``Origin`` other than its own (403 ``control_browser_refused``), any request whose ``Host``
+is not a loopback name (403 ``control_host_refused``: DNS rebinding), and request bodies that are not
 JSON by their Content-Type (415 ``control_unsupported_media_type``; a form or ``text/plain`` POST
 needs no CORS preflight). Bodies are strict JSON (no ``NaN``/``Infinity``), at most
 :data:`MAX_JSON_DEPTH` deep, and every value is validated and bounded before it reaches a proxy.
@@ -141,14 +142,49 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _browser_refusal(req: Request) -> Response | None:
-    """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415)."""
+def _loopback_name(host: str) -> bool:
+    return host.lower() == "localhost" or (literal_ip(host) and is_loopback_address(host))
+
+
+def _authority(value: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Host header or an Origin (port 80 when it names none); None when it does not parse."""
+    try:
+        parts = urlsplit(f"//{value}" if "://" not in value else value)
+        return (parts.hostname or "", parts.port or 80)
+    except ValueError:
+        return None
+
+
+def _foreign_host(req: Request) -> str | None:
+    """Why the request's ``Host`` is not a loopback name, or None when it is.
+
+    DNS rebinding: a page at ``evil.example`` whose name is re-pointed at 127.0.0.1 reaches a loopback
+    server under the browser's same-origin rules, but its ``Host`` header still says ``evil.example``.
+    Only a loopback name (``localhost`` or a loopback literal) is taken, on any port (an SSH tunnel
+    forwards the control port under another number); a request without ``Host`` (HTTP/1.0 tools; no
+    browser sends one) is let through.
+    """
+    value = req.headers.get("host")
+    if value is None:
+        return None
+    parsed = _authority(value.strip())
+    if parsed is None or not _loopback_name(parsed[0]):
+        return f"Host {value[:100]!r} is not a loopback name"
+    return None
+
+
+def _browser_refusal(req: Request, own_port: int | None) -> Response | None:
+    """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415).
+
+    ``Origin``, when sent, must be this server's own origin (a loopback name on its port): a page on
+    another local port (a dev server, a notebook) is a foreign origin like any other.
+    """
     if req.headers.get("user-agent", "").startswith("Mozilla/"):
         return Response.error("control_browser_refused", "requests from browsers are refused")
     origin = req.headers.get("origin")
     if origin is not None:
-        host = urlsplit(origin).hostname or ""
-        if not (host == "localhost" or (literal_ip(host) and is_loopback_address(host))):
+        parsed = _authority(origin)
+        if parsed is None or not _loopback_name(parsed[0]) or (own_port is not None and parsed[1] != own_port):
             return Response.error("control_browser_refused", f"requests from origin {origin[:100]!r} are refused")
     if req.body.strip() and not _is_json(req.headers.get("content-type", "")):
         return Response.error(
@@ -183,7 +219,12 @@ class ControlServer(HttpServer):
         self._owned.clear()
 
     async def _handle(self, req: Request) -> Response:
-        refusal = _browser_refusal(req)
+        own_port = self.address[1]
+        if not self.allow_remote:  # a remote listener is reached by whatever names the machine has
+            foreign = _foreign_host(req)
+            if foreign is not None:
+                return Response.error("control_host_refused", f"{foreign}: refused (DNS rebinding)")
+        refusal = _browser_refusal(req, None if self.allow_remote else own_port)
         if refusal is not None:
             return refusal
         try:
