@@ -60,6 +60,9 @@ def raw(thread: ProxyThread, request: bytes) -> tuple[int, dict[str, Any] | None
     return status, parsed, data
 
 
+POST_JSON = b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
 def post(path: str, body: bytes, *, ctype: str = "application/json", extra: str = "") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
@@ -266,26 +269,23 @@ def test_hostile_json_gets_a_clean_4xx_with_a_stable_code(
     ("request_bytes", "code"),
     [
         (
-            b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n{}",
+            POST_JSON + b"Content-Length: -1\r\n\r\n{}",
             "http_bad_content_length",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: +2\r\n\r\n{}",
+            POST_JSON + b"Content-Length: +2\r\n\r\n{}",
             "http_bad_content_length",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 99999999999\r\n\r\n",
+            POST_JSON + b"Content-Length: 99999999999\r\n\r\n",
             "http_body_too_large",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"-5\r\nabc\r\n0\r\n\r\n",
+            POST_JSON + b"Transfer-Encoding: chunked\r\n\r\n-5\r\nabc\r\n0\r\n\r\n",
             "http_bad_chunk",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"2\r\n{}XX0\r\n\r\n",
+            POST_JSON + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
             "http_bad_chunk",
         ),
         (b"GET /proxies HTTP/1.1 extra\r\nHost: t\r\n\r\n", "http_bad_request"),
