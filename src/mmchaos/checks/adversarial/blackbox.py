@@ -80,8 +80,6 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
         frozenset({Capability.READ_TEXT}),
     )
-    Params = BlackBoxParams
-    Gate = BlackBoxGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -59,8 +59,6 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
     requires = (
         frozenset({Capability.TORCH_MODULE, Capability.PREPROCESS, Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
     )
-    Params = SemanticMarginParams
-    Gate = SemanticMarginGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -144,8 +144,6 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
     name = "text_attack"
     step = Step.ADVERSARIAL
     requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}), frozenset({Capability.GENERATE}))
-    Params = TextAttackParams
-    Gate = TextAttackGate
 
     def __init__(self, params: TextAttackParams | None = None, gate: TextAttackGate | None = None) -> None:
         super().__init__(params, gate)

@@ -71,8 +71,6 @@ class Transfer(Check[TransferParams, TransferGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
         frozenset({Capability.READ_TEXT}),
     )
-    Params = TransferParams
-    Gate = TransferGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

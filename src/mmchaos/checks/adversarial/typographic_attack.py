@@ -52,8 +52,6 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
     name = "typographic_attack"
     step = Step.ADVERSARIAL
     requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),)
-    Params = TypographicAttackParams
-    Gate = TypographicAttackGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -92,8 +92,6 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.TORCH_MODULE}),
         frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),
     )
-    Params = WhiteBoxParams
-    Gate = WhiteBoxGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -424,8 +424,6 @@ class Contract(Check[ContractParams, ContractGate]):
     name = "contract"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractParams
-    Gate = ContractGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -178,8 +178,6 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     name = "contract_fuzz"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractFuzzParams
-    Gate = ContractFuzzGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
