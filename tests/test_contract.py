@@ -9,9 +9,9 @@ import pytest
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractGate, ContractParams, classify, replay
-from mmchaos.checks.contract.corpus import get_case
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
+from mmchaos.hostile import get_case
 from mmchaos.isolation import ErrorInfo, JobResult
 from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
