@@ -4,10 +4,14 @@ checks against colour classifiers whose robustness is known by construction (tes
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from mmchaos.attacks import AttackConfig, QueryBudget, fgsm, pgd, square_attack
+from mmchaos.attacks.gradient import eps_label, eps_values
+from mmchaos.attacks.plan import batches, by_shape, decode_image, encode_image
 from mmchaos.checks import REGISTRY
 from mmchaos.checks.adversarial.blackbox import BlackBox, BlackBoxParams
 from mmchaos.checks.adversarial.transfer import Transfer, TransferParams
@@ -80,6 +84,18 @@ def test_eps_outside_the_declared_range_is_a_typed_refusal(eps: float) -> None:
     with pytest.raises(ConfigError) as info:
         AttackConfig(eps=eps)
     assert info.value.code == "attack_bad_eps"
+
+
+def test_attack_units_group_by_shape_and_carry_images_as_exact_json() -> None:
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in [(8, 8, 3), (4, 6, 3), (8, 8, 3), (8, 8, 3)]]
+    assert by_shape(images) == [[0, 2, 3], [1]]
+    assert batches(by_shape(images), 2) == [[0, 2], [3], [1]]
+    body = json.loads(json.dumps(encode_image(images[1])))
+    assert np.array_equal(decode_image(body), images[1]) and decode_image(body).shape == (4, 6, 3)
+    assert eps_values([8, 2, 8]) == [2.0, 8.0] and eps_label(2.0) == "2/255"
+    with pytest.raises(ValueError, match="grey levels"):
+        eps_values([32])
 
 
 def test_square_attack_never_spends_past_its_budget_and_replays() -> None:

@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, field_validator
 
+from mmchaos.attacks.plan import SampledPlan
 from mmchaos.attacks.text import EDIT_KINDS, AttackRecord, MeaningConstraint, greedy_attack
-from mmchaos.checks.adversarial._common import SampledPlan, sampled
+from mmchaos.checks.adversarial._common import sampled
 from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
