@@ -123,6 +123,7 @@ def test_step_3_is_available_and_its_checks_registered() -> None:
         assert REGISTRY.get(name).step == Step.ADVERSARIAL
 
 
+@pytest.mark.check_contract("adversarial_whitebox", "broken")
 def test_whitebox_fails_a_fragile_target() -> None:
     findings = _run(_whitebox(), fragile())
     robustness, masking = findings
@@ -138,6 +139,7 @@ def test_whitebox_fails_a_fragile_target() -> None:
     assert masking.verdict == Verdict.PASS  # PGD is the stronger attack here: no masking
 
 
+@pytest.mark.check_contract("adversarial_whitebox", "clean")
 def test_whitebox_passes_a_robust_target() -> None:
     robustness, masking = _run(_whitebox(), robust())
     assert robustness.verdict == Verdict.PASS and robustness.metrics["relative_at_gate"] == 1.0
@@ -160,6 +162,7 @@ def test_gradient_masking_is_detected_on_a_target_with_rounding_in_its_torch_pat
     assert masking.metrics["blackbox_success"] > masking.metrics["whitebox_success"] + 0.2
 
 
+@pytest.mark.check_contract("adversarial_blackbox", "broken")
 def test_blackbox_fails_a_fragile_target_within_its_budget() -> None:
     target = ColourTarget(gain=300.0)
     check = BlackBox(BlackBoxParams(eps=[4.0], queries_per_sample=100, max_queries=700, samples=6))
@@ -170,6 +173,7 @@ def test_blackbox_fails_a_fragile_target_within_its_budget() -> None:
     assert finding.evidence["query_budget"]["max_queries"] == 700
 
 
+@pytest.mark.check_contract("adversarial_blackbox", "clean")
 def test_blackbox_passes_a_robust_target() -> None:
     check = BlackBox(BlackBoxParams(eps=[4.0], queries_per_sample=30, samples=6))
     (finding,) = _run(check, robust())
@@ -185,6 +189,8 @@ def test_blackbox_stops_at_the_budget_and_says_so() -> None:
     assert finding.verdict == Verdict.ERROR  # the gate eps was never reached
 
 
+@pytest.mark.check_contract("adversarial_transfer", "broken")
+@pytest.mark.check_contract("adversarial_transfer", "clean")
 def test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one() -> None:
     params = TransferParams(surrogate="py:tests.colour_fakes:fragile", eps=[8.0], steps=5, samples=6)
     (weak,) = _run(Transfer(params), ColourTarget(gain=300.0))

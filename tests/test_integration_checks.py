@@ -35,6 +35,7 @@ def test_max_difference() -> None:
     assert max_difference(np.array([np.nan]), np.array([np.nan])) == 0.0
 
 
+@pytest.mark.check_contract("thread_safety", "clean")
 def test_thread_safety_passes_a_stateless_target() -> None:
     findings = _run(ThreadSafety(), bt.ContractSafeTarget())
     assert {f.evidence["method"]: f.verdict for f in findings} == {
@@ -44,6 +45,7 @@ def test_thread_safety_passes_a_stateless_target() -> None:
     }
 
 
+@pytest.mark.check_contract("thread_safety", "broken")
 def test_thread_safety_fails_a_shared_preprocessing_buffer() -> None:
     findings = {f.evidence["method"]: f for f in _run(ThreadSafety(), bt.SharedBufferNumpyTarget())}
     bad = findings["embed_images"]
@@ -167,6 +169,7 @@ def test_thread_safety_on_real_models(model_dir: Path) -> None:
 # -- determinism ------------------------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("determinism", "clean")
 @pytest.mark.integration
 def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> None:
     findings = _run(Determinism(), bt.ContractSafeTarget())
@@ -197,6 +200,7 @@ def test_worker_spec_overlays_the_targets_load_options() -> None:
     assert (spec.uri, spec.options, spec.threads) == (target.uri, {"device": "cpu", "dtype": "float16"}, None)
 
 
+@pytest.mark.check_contract("determinism", "broken")
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
     findings = _run(Determinism(), bt.ProcessSaltedTarget())
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.FAIL]
@@ -221,6 +225,7 @@ def test_determinism_across_processes_on_a_real_model(model_dir: Path) -> None:
 # -- fingerprint match ------------------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("fingerprint_match", "clean")
 def test_fingerprint_match_passes_matching_components(model_dir: Path, tmp_path: Path) -> None:
     lock = tmp_path / "lock.json"
     lock.write_text(json.dumps({"target": {"fingerprint": bt.tiny_clip().fingerprint().to_dict()}}))
@@ -252,6 +257,7 @@ def test_fingerprint_match_finds_a_mismatch_without_any_record(
     assert warned.verdict == Verdict.PASS and warned.title.startswith("warning: ")
 
 
+@pytest.mark.check_contract("fingerprint_match", "broken")
 def test_fingerprint_match_catches_a_normalisation_swap_through_the_lock(model_dir: Path, tmp_path: Path) -> None:
     from mmchaos.targets.hf import HFContrastiveTarget
 

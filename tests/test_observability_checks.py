@@ -57,6 +57,7 @@ def nothing_left_running() -> Iterator[None]:
     assert not ours() - before
 
 
+@pytest.mark.check_contract("drift_detection", "clean")
 @pytest.mark.integration
 def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> None:
     findings = run(
@@ -78,6 +79,7 @@ def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> No
     assert row["material"] and row["detected"] and row["delay_requests"] % 200 == 0
 
 
+@pytest.mark.check_contract("drift_detection", "broken")
 @pytest.mark.integration
 def test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks() -> None:
     findings = run(
@@ -103,6 +105,7 @@ def test_drift_detection_fails_a_blind_monitor() -> None:
     assert next(f for f in sight if f.evidence.get("perturbation") == "keyboard_typo").verdict == Verdict.PASS
 
 
+@pytest.mark.check_contract("metrics_exposure", "clean")
 @pytest.mark.integration
 def test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_off() -> None:
     good = run(MetricsExposure, HashEmbedTarget(), {"requests_per_modality": 2})
@@ -125,6 +128,7 @@ def test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_of
     assert next(f for f in bad if f.title.startswith("latency")).verdict == Verdict.PASS
 
 
+@pytest.mark.check_contract("metrics_exposure", "broken")
 @pytest.mark.integration
 def test_metrics_exposure_fails_an_endpoint_without_metrics() -> None:
     from mmchaos.server import ServerConfig, ServerThread

@@ -5,8 +5,10 @@ code, and loads a fixture whose fingerprint is stable and whose capabilities are
 it declares answers a tiny input; each one it does not declare raises CapabilityError).
 
 Checks (``mmchaos.checks.REGISTRY``): each has a test in ``tests/`` where a deliberately broken
-target makes it fail and one where a correct target passes it. ``CHECK_TESTS`` names them; the
-tests here hold that mapping to the registry and to test functions that exist and are not skipped.
+target makes it fail and one where a correct target passes it. Those tests say so themselves,
+``@pytest.mark.check_contract("<check>", "broken")`` / ``"clean"``; the tests here find the marks
+in every file under ``tests/`` (read with ``ast``) and hold every registered check to having both,
+on tests that exist and are not skipped.
 Perturbations have their registry contract in ``test_perturb.py``.
 """
 
@@ -19,8 +21,9 @@ import io
 import json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -29,7 +32,6 @@ from mmchaos.checks import REGISTRY
 from mmchaos.errors import CapabilityError, TargetLoadError, UnknownNameError, UsageError
 from mmchaos.targets import SCHEMES, Capability, Fingerprint, Target, load_target
 
-TESTS = Path(__file__).resolve().parent
 IMG = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
 
 
@@ -270,213 +272,154 @@ def test_a_loaded_target_fingerprints_and_its_capabilities_are_honest(
 
 # -- checks: a broken target fails each one --------------------------------------------------------
 
-#: check -> (test module, a test where a broken target fails it, a test where a correct one passes).
-CHECK_TESTS: dict[str, tuple[str, str, str]] = {
-    "adversarial_whitebox": (
-        "test_adversarial",
-        "test_whitebox_fails_a_fragile_target",
-        "test_whitebox_passes_a_robust_target",
-    ),
-    "adversarial_blackbox": (
-        "test_adversarial",
-        "test_blackbox_fails_a_fragile_target_within_its_budget",
-        "test_blackbox_passes_a_robust_target",
-    ),
-    "adversarial_transfer": (
-        "test_adversarial",
-        "test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one",
-        "test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one",
-    ),
-    "generation_batch_invariance": (
-        "test_generation_checks",
-        "test_generation_batch_invariance_fails_batch_dependent_logits",
-        "test_generation_batch_invariance_passes_a_clean_left_padded_vlm",
-    ),
-    "generation_precision": (
-        "test_generation_checks",
-        "test_generation_precision_fails_a_layer_that_overflows_in_fp16",
-        "test_generation_precision_passes_a_clean_vlm_and_restores_it",
-    ),
-    "image_token_consistency": (
-        "test_generation_checks",
-        "test_image_token_consistency_fails_a_vlm_that_drops_an_image",
-        "test_image_token_consistency_passes_clean_vlms",
-    ),
-    "image_context_boundary": (
-        "test_generation_checks",
-        "test_image_context_boundary_fails_silent_image_truncation",
-        "test_image_context_boundary_passes_a_vlm_that_refuses_past_its_positions",
-    ),
-    "image_cache_isolation": (
-        "test_generation_checks",
-        "test_image_cache_isolation_fails_a_cache_keyed_on_the_prompt_text",
-        "test_image_cache_isolation_passes_a_clean_vlm",
-    ),
-    "multi_turn_consistency": (
-        "test_generation_checks",
-        "test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image",
-        "test_multi_turn_consistency_passes_a_clean_vlm",
-    ),
-    "modality_coverage": (
-        "test_modality_coverage",
-        "test_each_untested_modality_is_a_warning_even_through_wrappers",
-        "test_a_fully_tested_target_passes",
-    ),
-    "robustness": ("test_robustness", "test_a_noise_fragile_target_fails_noise", "test_a_correct_target_passes_noise"),
-    "missing_modality": (
-        "test_checks_fakes",
-        "test_missing_modality_fails_nan_on_uniform_images",
-        "test_missing_modality_passes_a_correct_target",
-    ),
-    "batch_invariance": (
-        "test_checks_fakes",
-        "test_batch_invariance_fails_a_padding_dependent_target",
-        "test_batch_invariance_passes_a_correct_target",
-    ),
-    "contract": (
-        "test_contract",
-        "test_a_processor_that_ignores_exif_fails_every_rotated_photo",
-        "test_a_validating_target_passes_the_whole_corpus",
-    ),
-    "contract_fuzz": (
-        "test_fuzz",
-        "test_a_planted_exif_orientation_bug_is_found_within_the_default_budget",
-        "test_a_correct_target_survives_the_fuzzer",
-    ),
-    "precision": (
-        "test_engine_checks",
-        "test_precision_names_the_layer_that_overflows_in_fp16",
-        "test_precision_passes_the_model_and_restores_it_bit_for_bit",
-    ),
-    "context_boundary": (
-        "test_engine_checks",
-        "test_context_boundary_finds_a_tokenizer_that_truncates_early",
-        "test_context_boundary_passes_a_target_that_rejects_over_long_text",
-    ),
-    "backend_differential": (
-        "test_onnx_target",
-        "test_backend_differential_flags_a_batch_size_baked_into_the_graph",
-        "test_backend_differential_passes_a_clean_export",
-    ),
-    "thread_safety": (
-        "test_integration_checks",
-        "test_thread_safety_fails_a_shared_preprocessing_buffer",
-        "test_thread_safety_passes_a_stateless_target",
-    ),
-    "determinism": (
-        "test_integration_checks",
-        "test_determinism_catches_process_salted_hashing_only_across_processes",
-        "test_determinism_passes_a_deterministic_target_in_and_across_processes",
-    ),
-    "fingerprint_match": (
-        "test_integration_checks",
-        "test_fingerprint_match_catches_a_normalisation_swap_through_the_lock",
-        "test_fingerprint_match_passes_matching_components",
-    ),
-    "serving_faults": (
-        "test_serving_checks",
-        "test_faults_flag_error_pages_that_are_not_openai_json",
-        "test_the_serving_suite_end_to_end_on_loopback",
-    ),
-    "serving_poison": (
-        "test_serving_checks",
-        "test_poison_isolation_fails_when_one_image_kills_the_engine",
-        "test_the_serving_suite_end_to_end_on_loopback",
-    ),
-    "serving_overload": (
-        "test_serving_checks",
-        "test_overload_fails_when_the_knee_is_below_the_required_concurrency",
-        "test_the_serving_suite_end_to_end_on_loopback",
-    ),
-    "serving_resilience": (
-        "test_serving_checks",
-        "test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries",
-        "test_the_serving_suite_end_to_end_on_loopback",
-    ),
-    "serving_streaming": (
-        "test_serving_streaming_check",
-        "test_a_stream_that_drops_its_last_delta_fails_equivalence",
-        "test_an_honest_streaming_target_passes",
-    ),
-    "drift_detection": (
-        "test_observability_checks",
-        "test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks",
-        "test_drift_detection_passes_a_correct_target_with_real_clean_traffic",
-    ),
-    "generation_drift": (
-        "test_generation_drift_check",
-        "test_answers_that_drift_on_clean_traffic_fail",
-        "test_an_honest_target_is_quiet_on_clean_traffic_and_its_shift_is_detected",
-    ),
-    "metrics_exposure": (
-        "test_observability_checks",
-        "test_metrics_exposure_fails_an_endpoint_without_metrics",
-        "test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_off",
-    ),
-    "text_attack": (
-        "test_adversarial_text",
-        "test_text_attack_fails_a_target_whose_text_side_breaks_on_typos",
-        "test_text_attack_passes_a_target_that_normalises_text",
-    ),
-    "typographic_attack": (
-        "test_adversarial_image_checks",
-        "test_typographic_attack_fails_a_model_that_reads_the_written_word",
-        "test_typographic_attack_passes_tiny_clip",
-    ),
-    "semantic_margin": (
-        "test_adversarial_image_checks",
-        "test_semantic_margin_fails_a_checkerboard_gain_model",
-        "test_semantic_margin_passes_tiny_clip",
-    ),
-}
+ROLES = ("broken", "clean")
+"""``broken``: a deliberately broken target fails the check; ``clean``: a correct target passes it."""
 
-
-def test_every_registered_check_is_mapped_to_its_broken_and_correct_target_tests() -> None:
-    """A new check must name, here, the tests that hold it to "a broken target makes it fail"."""
-    assert sorted(CHECK_TESTS) == REGISTRY.names()
-
-
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 SKIPPING = re.compile(r"\bmark\.(skip|skipif|xfail)\b")
 
 
-def _read_tests(module: str) -> tuple[dict[str, ast.FunctionDef], str]:
-    """The module's top-level test functions and its ``pytestmark`` source, read without importing it
-    (the fast tier must not pay for the torch or FastAPI imports of integration modules)."""
-    tree = ast.parse((TESTS / f"{module}.py").read_text(encoding="utf-8"))
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
-    marks = [
+@dataclass(frozen=True)
+class ContractTest:
+    """A test marked ``@pytest.mark.check_contract(check, role)``, as read from its file."""
+
+    check: str
+    role: str
+    path: Path
+    function: str
+    root: Path
+    """The repository root the file lies under (what its module name is relative to)."""
+    skipped_by: str
+    """The skip/xfail marks on the test or its module, as written ('' when none)."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(self.root)}::{self.function}"
+
+    @property
+    def module(self) -> str:
+        return ".".join(self.path.relative_to(self.root).with_suffix("").parts)
+
+
+def _mark_args(decorator: ast.expr) -> list[ast.expr] | None:
+    """The arguments of a ``pytest.mark.check_contract(...)`` decorator; None for any other."""
+    if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.check_contract":
+        return list(decorator.args)
+    return None
+
+
+def _contract_tests(path: Path, root: Path) -> Iterator[ContractTest]:
+    """The check-contract tests of one file, read with ``ast`` (without importing it: the fast tier
+    must not pay for the torch or FastAPI imports of integration modules)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    module_marks = " ".join(
         ast.unparse(n.value)
         for n in tree.body
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+    )
+    top_level = {id(n) for n in tree.body}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        decorators = " ".join(ast.unparse(d) for d in fn.decorator_list)
+        for d in fn.decorator_list:
+            args = _mark_args(d)
+            if args is None:
+                continue
+            where = f"{path.relative_to(root)}::{fn.name}"
+            assert id(fn) in top_level and fn.name.startswith("test_"), f"{where}: mark a top-level test_ function"
+            assert len(args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args), (
+                f'{where}: write @pytest.mark.check_contract("<check>", "broken" or "clean")'
+            )
+            check, role = (cast(ast.Constant, a).value for a in args)
+            skipped = " ".join(m for m in (module_marks, decorators) if SKIPPING.search(m))
+            yield ContractTest(check, role, path, fn.name, root, skipped)
+
+
+def discover(root: Path) -> list[ContractTest]:
+    """Every marked test in ``root/tests``, in whatever subfolder its file lies."""
+    return [t for path in sorted((root / "tests").rglob("test_*.py")) for t in _contract_tests(path, root)]
+
+
+CONTRACT_TESTS = discover(ROOT)
+
+
+def contract_gaps(tests: list[ContractTest], checks: list[str]) -> list[str]:
+    """What keeps ``tests`` from holding every check of ``checks`` to its contract, one line each."""
+    gaps = [f"{t.where}: role {t.role!r} is not one of {ROLES}" for t in tests if t.role not in ROLES]
+    gaps += [f"{t.where}: {t.check!r} is not a registered check" for t in tests if t.check not in checks]
+    have = {(t.check, t.role) for t in tests}
+    gaps += [f"{c} has no {role} test" for c in sorted(checks) for role in ROLES if (c, role) not in have]
+    return gaps
+
+
+def test_every_registered_check_has_a_broken_and_a_clean_test() -> None:
+    """A new check marks, on its own tests, the one where a broken target fails it and the one where
+    a correct target passes it: ``@pytest.mark.check_contract("<check>", "broken")`` / ``"clean"``."""
+    gaps = contract_gaps(CONTRACT_TESTS, REGISTRY.names())
+    assert not gaps, "; ".join(gaps) + ' (mark a test @pytest.mark.check_contract("<check>", "broken"/"clean"))'
+
+
+def test_a_check_without_both_tests_or_a_mark_naming_no_check_is_a_gap(tmp_path: Path) -> None:
+    one = ContractTest("robustness", "broken", tmp_path / "t.py", "test_a", tmp_path, "")
+    assert contract_gaps([one], ["robustness"]) == ["robustness has no clean test"]
+    typo = ContractTest("robustnes", "clean", tmp_path / "t.py", "test_b", tmp_path, "")
+    odd = ContractTest("robustness", "fixed", tmp_path / "t.py", "test_c", tmp_path, "")
+    gaps = contract_gaps([one, typo, odd], ["robustness"])
+    assert gaps == [
+        "t.py::test_c: role 'fixed' is not one of ('broken', 'clean')",
+        "t.py::test_b: 'robustnes' is not a registered check",
+        "robustness has no clean test",
     ]
-    return functions, " ".join(marks)
 
 
-@pytest.mark.parametrize("check", sorted(CHECK_TESTS))
-def test_the_mapped_tests_exist_run_and_exercise_the_check(check: str) -> None:
-    module, fails, passes = CHECK_TESTS[check]
-    functions, module_marks = _read_tests(module)
-    assert not SKIPPING.search(module_marks), f"tests/{module}.py is skipped as a whole: {module_marks}"
-    for name in (fails, passes):
-        assert name in functions, f"{check}: tests/{module}.py has no {name}"
-        decorators = " ".join(ast.unparse(d) for d in functions[name].decorator_list)
-        assert not SKIPPING.search(decorators), f"{check}: {name} is marked {decorators}"
-    source = (TESTS / f"{module}.py").read_text(encoding="utf-8")
-    cls = REGISTRY.get(check)
-    assert cls.__name__ in source or f'"{check}"' in source, f"tests/{module}.py never names {check}"
+@pytest.mark.parametrize("test", CONTRACT_TESTS, ids=lambda t: f"{t.check}-{t.role}-{t.function}")
+def test_each_marked_test_runs_and_exercises_its_check(test: ContractTest) -> None:
+    assert not test.skipped_by, f"{test.where} ({test.check}, {test.role}) is skipped: {test.skipped_by}"
+    source = test.path.read_text(encoding="utf-8")
+    cls = REGISTRY.get(test.check)
+    assert cls.__name__ in source or f'"{test.check}"' in source, f"{test.path.name} never names {test.check}"
+
+
+def test_the_discovery_reads_marks_wherever_the_file_lies(tmp_path: Path) -> None:
+    """The reader itself, on files written here: marks found in subfolders, skips seen, misuse refused."""
+    probe = tmp_path / "tests" / "unit" / "checks" / "test_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.skipif(True, reason='x')\n"
+        '@pytest.mark.check_contract("robustness", "broken")\n'
+        "@pytest.mark.integration\n"
+        "def test_one():\n    pass\n"
+        '@pytest.mark.check_contract("robustness", "clean")\n'
+        "async def test_two():\n    pass\n",
+        encoding="utf-8",
+    )
+    one, two = discover(tmp_path)
+    assert (one.check, one.role, one.function, two.role) == ("robustness", "broken", "test_one", "clean")
+    assert one.module == "tests.unit.checks.test_probe" and one.where == "tests/unit/checks/test_probe.py::test_one"
+    assert "skipif" in one.skipped_by
+    probe.write_text('import pytest\n@pytest.mark.check_contract("robustness")\ndef test_x():\n    pass\n')
+    with pytest.raises(AssertionError, match="write @pytest.mark.check_contract"):
+        discover(tmp_path)
+    probe.write_text(
+        'import pytest\nclass TestX:\n    @pytest.mark.check_contract("a", "clean")\n    def test_x(self): ...\n'
+    )
+    with pytest.raises(AssertionError, match="mark a top-level test_ function"):
+        discover(tmp_path)
 
 
 @pytest.mark.integration
-def test_the_mapped_tests_are_what_pytest_collects() -> None:
-    """The same mapping, through the import pytest does: each named test is a callable test
-    function of its module, and neither it nor its module carries a skip or xfail mark."""
-    for check, (module, *names) in CHECK_TESTS.items():
-        mod = importlib.import_module(f"tests.{module}")
+def test_the_marked_tests_are_what_pytest_collects() -> None:
+    """The same marks, through the import pytest does: each marked test is a callable test function
+    of its module, carries the mark as read, and neither it nor its module is skipped."""
+    for t in CONTRACT_TESTS:
+        mod = importlib.import_module(t.module)
         module_marks = getattr(mod, "pytestmark", [])
         module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
-        assert not {m.name for m in module_marks} & {"skip", "skipif", "xfail"}, module
-        for name in names:
-            fn = getattr(mod, name, None)
-            assert callable(fn), f"{check}: tests.{module}.{name} is not a function"
-            marks = {m.name for m in getattr(fn, "pytestmark", [])}
-            assert not marks & {"skip", "skipif", "xfail"}, f"{check}: {name} is marked {marks}"
+        assert not {m.name for m in module_marks} & {"skip", "skipif", "xfail"}, t.module
+        fn = getattr(mod, t.function, None)
+        assert callable(fn), f"{t.where} is not a function"
+        marks = getattr(fn, "pytestmark", [])
+        assert not {m.name for m in marks} & {"skip", "skipif", "xfail"}, f"{t.where} is marked {marks}"
+        assert any(m.name == "check_contract" and m.args == (t.check, t.role) for m in marks), t.where
