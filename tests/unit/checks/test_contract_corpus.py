@@ -7,7 +7,6 @@ import resource
 import numpy as np
 import pytest
 
-from mmchaos.checks.contract.corpus import CASES, CorpusBase, get_case, select_cases
 from mmchaos.data.shapes import make_sample
 from mmchaos.errors import TargetCallError
 from mmchaos.guard.limits import (
@@ -17,6 +16,7 @@ from mmchaos.guard.limits import (
     declared_elements,
     int32_wrapped_product,
 )
+from mmchaos.hostile import CASES, CorpusBase, get_case, select_cases
 from mmchaos.targets.base import Target
 from mmchaos.targets.decode import check_image_array
 
