@@ -65,8 +65,10 @@ def _serve(
     options: TargetOptions | None = None,
 ) -> None:
     """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
-    from mmchaos.server import ServerConfig, contract_from_yaml, serve
     from mmchaos.targets import load_target, resolve_target_options
+
+    resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything starts
+    from mmchaos.server import ServerConfig, contract_from_yaml, serve
     from mmchaos.targets.threads import limit_blas_threads
 
     limit_blas_threads(1)  # the server's own numpy math (scores, drift): one BLAS thread (see the function)
@@ -86,7 +88,6 @@ def _serve(
         if not key:
             raise ConfigError(f"--api-key-env {api_key_env}: the environment variable is not set")
         settings["api_keys"] = (key,)
-    resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything starts
     config = ServerConfig.build(**settings)
     loaded = load_target(target, options)
     try:

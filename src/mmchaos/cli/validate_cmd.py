@@ -43,6 +43,16 @@ def _validate(
     options: TargetOptions | None = None,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
+    from mmchaos.targets import resolve_target_options
+
+    if resume is not None and options:
+        raise ConfigError(
+            f"--resume {resume} runs with the target options the run was stored with; drop the target options "
+            f"({', '.join(sorted(options))})",
+            code="config_invalid",
+        )
+    if resume is None:
+        resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything runs
     from mmchaos.cli.progress import CheckProgress
     from mmchaos.cli.summary import print_summary
     from mmchaos.executors import ExecutorSpec
@@ -50,7 +60,6 @@ def _validate(
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
-    from mmchaos.targets import resolve_target_options
     from mmchaos.targets.threads import limit_blas_threads
 
     limit_blas_threads(1)  # the harness's own small matrix products: one BLAS thread (see the function)
@@ -61,12 +70,6 @@ def _validate(
         require_ray()  # not installed: a one-line error before any model loads
     prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
     config = None
-    if resume is not None and options:
-        raise ConfigError(
-            f"--resume {resume} runs with the target options the run was stored with; drop "
-            f"{', '.join(sorted(options))}",
-            code="config_invalid",
-        )
     if resume is None:
         config = RunConfig(
             target=target,
@@ -75,7 +78,6 @@ def _validate(
             seed=seed,
             options=options or TargetOptions(),
         )
-        resolve_target_options(target, config.options)  # an option the scheme does not take: exit 2 now
     with RunStore(store_path) as store:
         err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
         with CheckProgress(err) as progress:

@@ -131,6 +131,12 @@ def _py(rest: str, **options: Any) -> Target:
     """``py:package.module:factory``: the user's own pipeline, as an object implementing Target.
 
     Its options are the factory's keyword parameters; any other option is refused."""
+    factory = _py_factory(rest, options)
+    return _validate(factory(**options), f"py:{rest}")
+
+
+def _py_factory(rest: str, options: Mapping[str, Any]) -> Callable[..., Any]:
+    """The user's factory that ``py:rest`` names, once ``options`` are known to be its parameters."""
     module_name, sep, attr = rest.rpartition(":")
     if not sep or not module_name or not attr:
         raise TargetLoadError(f"py target must look like py:package.module:factory, got py:{rest}")
@@ -147,7 +153,7 @@ def _py(rest: str, **options: Any) -> Target:
         for key in options:
             if key not in named:
                 raise unknown_option_error(f"py:{rest}", key, named)
-    return _validate(factory(**options), f"py:{rest}")
+    return factory
 
 
 SCHEMES.register("builtin", _builtin)
@@ -201,7 +207,9 @@ def resolve_target_options(uri: str, options: Mapping[str, Any] | None = None) -
     """Check ``options`` against the options model of ``uri``'s scheme, without loading the target.
 
     Unknown or invalid options are a one-line :class:`~mmchaos.errors.ConfigError` (exit 2)."""
-    scheme, _ = _split(uri)
+    scheme, rest = _split(uri)
+    if scheme == "py":  # its options are the user's factory's parameters: import it to know them
+        _py_factory(rest, options or {})
     return resolve_options(scheme, SCHEMES.get(scheme), options)
 
 
