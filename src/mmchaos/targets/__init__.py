@@ -144,7 +144,7 @@ def _py_factory(rest: str, options: Mapping[str, Any]) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TargetLoadError(f"cannot import {module_name!r} for py:{rest}: {exc}") from exc
-    factory = getattr(module, attr, None)
+    factory: Callable[..., Any] | None = getattr(module, attr, None)
     if not callable(factory):
         raise TargetLoadError(f"{module_name}.{attr} is not a callable factory")
     wanted = inspect.signature(factory).parameters

@@ -188,8 +188,10 @@ def resolve_options(scheme: str, factory: Callable[..., Any], given: Mapping[str
         where = ".".join(str(p) for p in first["loc"]) or "options"
         got = first.get("input")
         why = str(first["msg"]).removeprefix("Value error, ")
-        message = f"{scheme}: target option {where}: {why} (got {got!r})"
-        raise ConfigError(message, code="target_option_invalid") from None
+        raise ConfigError(
+            f"{scheme}: target option {where}: {why} (got {got!r})",
+            code="target_option_invalid",
+        ) from None
 
 
 def unknown_option_error(where: str, name: str, known: list[str]) -> ConfigError:

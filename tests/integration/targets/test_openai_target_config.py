@@ -25,9 +25,7 @@ checks:
 """
 
 
-def test_validate_sets_timeouts_retries_and_the_image_form_from_a_target_config(
-    run_cli: Any, tmp_path: Path
-) -> None:
+def test_validate_sets_timeouts_retries_and_the_image_form_from_a_target_config(run_cli: Any, tmp_path: Path) -> None:
     fake = FakeConfig(image_forms=("messages", "data_url"), chat=False)
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE)

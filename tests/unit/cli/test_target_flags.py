@@ -26,14 +26,14 @@ def _flags(command: str) -> set[str]:
 
 @pytest.mark.parametrize("command", ["validate", "serve", "export", "fuzz-replay"])
 def test_every_command_that_loads_a_target_takes_the_same_target_flags(command: str) -> None:
-    assert TARGET_FLAGS <= _flags(command)
+    assert _flags(command) >= TARGET_FLAGS
 
 
 def test_serve_takes_the_target_flags_validate_takes() -> None:
     own = {"--suite", "--data", "--out", "--store", "--seed", "--resume", "--strict", "--executor", "--ray-address",
            "--workers", "--target", "--help"}  # fmt: skip
     assert _flags("validate") - own == TARGET_FLAGS
-    assert TARGET_FLAGS <= _flags("serve")
+    assert _flags("serve") >= TARGET_FLAGS
 
 
 def test_only_the_flags_given_become_options_and_flags_win_over_the_file(tmp_path: Path) -> None:
@@ -61,8 +61,7 @@ def test_only_the_flags_given_become_options_and_flags_win_over_the_file(tmp_pat
             "'threads' does not apply to py:tests.fakes.targets:hash_embed",
         ),
         (["validate", "--resume", "latest", "--threads", "2"], "drop the target options (threads)"),
-        (["validate", "--target", "openai:http://127.0.0.1:1/v1", "--target-config", "{tmp}/none.yaml"],
-         "cannot read --target-config"),  # fmt: skip
+        (["validate", "--target", "openai:http://127.0.0.1:1/v1", "--target-config", "{tmp}/none"], "cannot read"),
     ],
 )
 def test_an_option_the_scheme_does_not_take_exits_2_in_one_line(

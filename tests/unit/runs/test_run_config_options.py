@@ -15,7 +15,11 @@ from mmchaos.suites import SuiteSpec
 from mmchaos.targets import TargetOptions
 
 SUITE = SuiteSpec.model_validate(
-    {"name": "tiny", "seed": 3, "checks": [{"check": "batch_invariance", "params": {"samples": 4, "batch_sizes": [1, 3]}}]}
+    {
+        "name": "tiny",
+        "seed": 3,
+        "checks": [{"check": "batch_invariance", "params": {"samples": 4, "batch_sizes": [1, 3]}}],
+    }
 )
 OLD_BAG = {
     "trust_remote_code": False,
@@ -30,14 +34,21 @@ OLD_BAG = {
 
 
 def _old_record(target: str, options: dict[str, object]) -> dict[str, object]:
-    return {"target": target, "suite": SUITE.model_dump(), "data": "builtin:shapes?n=6", "seed": None, "options": options}
+    return {
+        "target": target,
+        "suite": SUITE.model_dump(),
+        "data": "builtin:shapes?n=6",
+        "seed": None,
+        "options": options,
+    }
 
 
 def test_an_old_record_migrates_to_the_options_it_was_given() -> None:
     config = RunConfig.from_dict(_old_record("onnx:/models/x", {**OLD_BAG, "threads": 2}))
     assert config.options == TargetOptions(threads=2)
     assert RunConfig.from_dict(_old_record("py:tests.fakes.targets:hash_embed", OLD_BAG)).options == TargetOptions()
-    assert RunConfig.from_dict(_old_record("onnx:/x", {**OLD_BAG, "retired_option": 1})).options == {"retired_option": 1}
+    retired = RunConfig.from_dict(_old_record("onnx:/x", {**OLD_BAG, "retired_option": 1}))
+    assert retired.options == {"retired_option": 1}  # kept, so the resume can name it when it refuses
 
 
 def test_a_new_record_round_trips_its_given_options() -> None:

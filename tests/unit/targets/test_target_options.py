@@ -77,6 +77,18 @@ def test_load_options_are_json_and_resolve_to_the_same_options_again(uri: str, o
     assert "device" not in resolve_target_options(uri, {}).load_options  # defaults are not stored
 
 
+@pytest.mark.parametrize("scheme", ["builtin", "hf", "onnx", "openai"])
+def test_every_builtin_scheme_registers_an_options_model_that_forbids_unknown_fields(scheme: str) -> None:
+    model = options_model_of(SCHEMES.get(scheme))
+    assert model is not None and issubclass(model, SchemeOptions) and model is not GenericOptions
+    assert model.model_config.get("extra") == "forbid"
+    assert model().model_dump(mode="json", exclude_defaults=True) == {}  # every option has a default
+
+
+def test_py_targets_check_their_options_against_the_factory() -> None:
+    assert options_model_of(SCHEMES.get("py")) is None
+
+
 def test_onnx_device_names_the_execution_provider() -> None:
     from mmchaos.targets.onnx import OnnxOptions
 
