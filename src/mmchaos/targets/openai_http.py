@@ -54,6 +54,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+from pydantic import Field
 
 from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
@@ -74,8 +75,9 @@ from mmchaos.targets.openai_wire import (
     png_bytes,
     sse_deltas,
 )
+from mmchaos.targets.options import SchemeOptions, takes_options
 
-__all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
+__all__ = ["EndpointError", "OpenAIOptions", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +196,8 @@ class OpenAITarget(Target):
         self.capabilities = frozenset(Capability(c) for c in capabilities) & HTTP_CAPABILITIES
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.image_input: ImageInput = image_input
+        self.image_forms: tuple[ImageInput, ...] = IMAGE_FORMS
+        """The image forms the probe tries (one, when the user declared it)."""
         self.probe: dict[str, Any] = {"source": "declared"}
         """What discovery tried and found (describe()'s evidence)."""
         self.gaps: dict[str, str] = {}
@@ -243,22 +247,26 @@ class OpenAITarget(Target):
         *,
         model: str | None = None,
         capabilities: Iterable[Capability | str] | None = None,
+        image_input: ImageInput | None = None,
         **kwargs: Any,
     ) -> OpenAITarget:
         """Reach the endpoint, pick the model and learn what it can do (or take ``capabilities``).
 
         Discovery: ``GET /models`` (an ``mmchaos`` block there gives capabilities, fingerprint and
-        batching), else one tiny text and one tiny image embedding request. Failures are
+        batching), else one tiny text and one tiny image embedding request. A given ``image_input``
+        is the one image form used (and the only one probed). Failures are
         :class:`~mmchaos.errors.TargetLoadError`.
         """
-        probe = cls(base_url, model=model or "", capabilities=(), **kwargs)
+        probe = cls(base_url, model=model or "", capabilities=(), image_input=image_input or "messages", **kwargs)
+        if image_input is not None:
+            probe.image_forms = (image_input,)
         try:
             cards = probe._list_models()
             chosen = probe._choose(model, cards)
             card = next((c for c in cards if c.get("id") == chosen), {})
             meta = card.get("mmchaos") if isinstance(card.get("mmchaos"), dict) else None
             probe.model = chosen
-            if meta is not None:
+            if meta is not None and image_input is None:
                 probe.image_input = "input" if "input" in (meta.get("image_input") or ()) else "messages"
                 probe.max_items = int(meta.get("max_items") or probe.max_items)
             if capabilities is not None:
@@ -355,7 +363,7 @@ class OpenAITarget(Target):
         blobs = [png_bytes(a), png_bytes(a, variant=True), png_bytes(b)]
         evidence: list[dict[str, Any]] = []
         original = self.image_input
-        for form in IMAGE_FORMS:
+        for form in self.image_forms:
             self.image_input = form
             try:
                 vectors = [self.embed_encoded_images([blob])[0] for blob in blobs]
@@ -695,7 +703,8 @@ class OpenAITarget(Target):
         out = super().describe()
         out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
                            "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
-                           "untested_modalities": dict(self.gaps)}  # fmt: skip
+                           "untested_modalities": dict(self.gaps), "timeout": self.timeout,
+                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency}  # fmt: skip
         return out
 
     def close(self) -> None:
@@ -710,12 +719,44 @@ class OpenAITarget(Target):
         return f"OpenAITarget({self.base_url!r}, model={self.model!r}, api_key={self.api_key_env}:{key})"
 
 
-def load_openai(rest: str, **options: Any) -> OpenAITarget:
-    """The ``openai:`` scheme: ``openai:http://127.0.0.1:8000/v1`` with TargetOptions ``model`` and
-    ``allow_remote``."""
-    return OpenAITarget.connect(
-        rest, model=options.get("model") or None, allow_remote=bool(options.get("allow_remote", False))
-    )
+class OpenAIOptions(SchemeOptions):
+    """``openai:`` options: which model, where requests may go, how they are sent, timed and retried.
+
+    ``--model`` and ``--allow-remote`` set the first two; a ``--target-config`` YAML file the rest."""
+
+    model: str | None = None
+    """The served model name (None: the one the endpoint lists)."""
+    allow_remote: bool = False
+    """Allow hosts that are not loopback addresses."""
+    image_input: ImageInput | None = None
+    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``); None: from the server's
+    metadata, else the first form the probe finds embedding pixels."""
+    capabilities: list[Capability] | None = None
+    """Declare the capabilities instead of discovering them (e.g. ``[generate]``)."""
+    api_key_env: str = Field("OPENAI_API_KEY", min_length=1)
+    """The environment variable that holds the API key (the key itself is never an option)."""
+    timeout: float = Field(60.0, gt=0)
+    """Seconds per request."""
+    max_retries: int = Field(3, ge=0)
+    """Retries of a 429 or 503 answer (jittered exponential backoff, Retry-After honoured)."""
+    backoff_base: float = Field(0.1, ge=0)
+    backoff_max: float = Field(5.0, ge=0)
+    max_retry_after: float = Field(30.0, ge=0)
+    """A Retry-After longer than this many seconds ends the retries."""
+    max_concurrency: int = Field(4, ge=1)
+    """Requests in flight at once."""
+    max_items: int = Field(64, ge=1)
+    """Inputs per embeddings request (the server's own limit, when it states one, wins)."""
+    encoding_format: Literal["float", "base64"] = "base64"
+    seed: int | None = None
+    """Seed of the backoff jitter."""
+
+
+@takes_options(OpenAIOptions)
+def load_openai(rest: str, options: OpenAIOptions) -> OpenAITarget:
+    """The ``openai:`` scheme: ``openai:http://127.0.0.1:8000/v1`` (options: :class:`OpenAIOptions`)."""
+    settings = options.model_dump(exclude={"model", "capabilities"})
+    return OpenAITarget.connect(rest, model=options.model or None, capabilities=options.capabilities, **settings)
 
 
 def error_of(resp: Any, code: str, message: str) -> tuple[str, str]:

@@ -45,6 +45,7 @@ from mmchaos.isolation import (
     worker_spec,
 )
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.options import OptionValues
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = [
@@ -340,7 +341,11 @@ class ContractParams(Params):
     accepted_errors: list[str] = Field(
         default_factory=list, description="exception class names that count as clean rejections"
     )
-    target_options: dict[str, Any] = Field(default_factory=dict, description="TargetOptions for the workers")
+    target_options: OptionValues = Field(
+        default_factory=dict,
+        description="target options for the workers, over the target's own (checked against its scheme's options "
+        "when they load it)",
+    )
 
 
 Failure = Literal["crashed", "hung", "garbage", "rejected_valid", "rejected_late"]
