@@ -11,8 +11,8 @@ from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractGate, ContractParams, classify, replay
 from mmchaos.checks.contract.corpus import get_case
 from mmchaos.data.shapes import make_shapes
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from mmchaos.findings import Finding, Verdict
-from mmchaos.isolation import ErrorInfo, JobResult
 from mmchaos.runner import TimedTarget
 from tests import broken_targets as bt
 from tests import fakes

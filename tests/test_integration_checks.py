@@ -189,7 +189,7 @@ def test_determinism_reports_a_target_that_cannot_load_in_a_worker() -> None:
 
 
 def test_worker_spec_overlays_the_targets_load_options() -> None:
-    from mmchaos.isolation import worker_spec
+    from mmchaos.executors.jobs import worker_spec
 
     target = bt.ContractSafeTarget()
     target.load_options = {"device": "cpu", "dtype": "float32"}

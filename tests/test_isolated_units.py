@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from mmchaos.checks.contract.fuzz import Rounds
+from mmchaos.executors.codec import decode_job, encode_job
 from mmchaos.executors.isolated import JournaledRunner
-from mmchaos.isolation import ErrorInfo, JobResult, decode_job, encode_job
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 
 
 class DictJournal:
@@ -128,7 +129,7 @@ def test_a_run_on_ray_starts_no_local_worker_pool_for_contract_or_fuzzing() -> N
     from mmchaos.checks.contract.fuzz import ContractFuzz
     from mmchaos.data.shapes import make_shapes
     from mmchaos.executors import LazyExecutor
-    from mmchaos.resources import RunResources
+    from mmchaos.executors.resources import RunResources
     from mmchaos.runner import _prepare
     from tests.broken_targets import ContractSafeTarget
 

@@ -19,9 +19,9 @@ from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractParams
 from mmchaos.checks.integration.determinism import Determinism
 from mmchaos.data.shapes import make_shapes
+from mmchaos.executors.pool import WorkerPool
+from mmchaos.executors.resources import RunResources, shared
 from mmchaos.findings import Verdict
-from mmchaos.isolation import WorkerPool
-from mmchaos.resources import RunResources, shared
 from mmchaos.runner import TimedTarget
 from mmchaos.timing import ModelClock, union_seconds
 from tests import broken_targets as bt
@@ -79,11 +79,7 @@ def test_discard_closes_and_the_next_get_starts_fresh() -> None:
 
 def test_shared_without_run_resources_starts_and_closes_its_own() -> None:
     closed: list[str] = []
-
-    class Ctx:
-        resources = None
-
-    with shared(Ctx(), "k", lambda: "mine", closed.append) as (value, is_shared):
+    with shared(None, "k", lambda: "mine", closed.append) as (value, is_shared):
         assert value == "mine" and not is_shared and closed == []
     assert closed == ["mine"]
 
@@ -171,7 +167,7 @@ def test_a_run_starts_one_pool_early_and_contract_determinism_and_fuzz_use_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool starts before the target is loaded in this process (a spy counts starts; the pool is real)."""
-    import mmchaos.isolation as isolation
+    import mmchaos.executors.pool as isolation
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import SuiteSpec

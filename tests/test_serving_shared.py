@@ -20,8 +20,8 @@ from mmchaos.chaos.spec import SequentialSpec, SLOSpec
 from mmchaos.chaos.windows import WindowTracker
 from mmchaos.checks.base import Check, CheckContext
 from mmchaos.data.shapes import make_shapes
+from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Verdict
-from mmchaos.resources import RunResources
 from mmchaos.runner import TimedTarget
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message, as_messages
 from tests.fakes import HashEmbedTarget
