@@ -12,8 +12,8 @@ Generative targets: the same greedy requests twice give the same completions
 same completions twice for each seed; how many different completions the seeds give is reported
 for information (a backend that ignores the seed gives one).
 
-Every part is journaled work (the in-process pass and each generation setting a work unit, each
-cross-process batch a job), so ``--resume`` after a kill reads back what had finished.
+Every part is journaled work (the in-process pass and the generation pairs one work unit each,
+each cross-process batch a job), so ``--resume`` after a kill reads back what had finished.
 """
 
 from __future__ import annotations
@@ -61,20 +61,30 @@ def _decode_twice(body: dict[str, Any]) -> dict[str, list[Any]]:
     return {k: decode_value(v) for k, v in body.items()}
 
 
-def generate_twice_unit(worker: Worker, requests: list[list[Message]], params: GenerationParams) -> dict[str, Any]:
-    """Work unit: the same requests twice with one setting, or the target's typed refusal."""
-    try:
-        first = worker.target.generate_batch(requests, params)
-        second = worker.target.generate_batch(requests, params)
-    except MMChaosError as exc:
-        return {"refused": exc.code, "message": exc.message[:500]}
-    return {"first": first, "second": second}
+def generate_twice_unit(
+    worker: Worker, requests: list[list[Message]], settings: list[GenerationParams]
+) -> list[dict[str, Any]]:
+    """Work unit: for each setting in turn, the same requests twice (or the target's typed refusal).
+
+    One unit on one target, so what earlier settings left behind (a warm cache) is there for the
+    later ones wherever the unit runs: on Ray, settings split over actors would meet fresh state."""
+    out: list[dict[str, Any]] = []
+    for params in settings:
+        try:
+            first = worker.target.generate_batch(requests, params)
+            second = worker.target.generate_batch(requests, params)
+        except MMChaosError as exc:
+            out.append({"refused": exc.code, "message": exc.message[:500]})
+            continue
+        out.append({"first": first, "second": second})
+    return out
 
 
-def _encode_generation(out: dict[str, Any]) -> dict[str, Any]:
-    if "refused" in out:
-        return dict(out)
-    return {k: [_encode_result(r) for r in out[k]] for k in ("first", "second")}
+def _encode_generation(outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        dict(out) if "refused" in out else {k: [_encode_result(r) for r in out[k]] for k in ("first", "second")}
+        for out in outs
+    ]
 
 
 def _encode_result(r: GenerationResult) -> dict[str, Any]:
@@ -85,10 +95,11 @@ def _encode_result(r: GenerationResult) -> dict[str, Any]:
     }
 
 
-def _decode_generation(body: dict[str, Any]) -> dict[str, Any]:
-    if "refused" in body:
-        return body
-    return {k: [_decode_result(r) for r in body[k]] for k in ("first", "second")}
+def _decode_generation(body: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        out if "refused" in out else {k: [_decode_result(r) for r in out[k]] for k in ("first", "second")}
+        for out in body
+    ]
 
 
 def _decode_result(body: dict[str, Any]) -> GenerationResult:
@@ -268,9 +279,8 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
             GenerationParams(max_new_tokens=p.max_new_tokens, temperature=p.temperature, seed=seed, logprobs=True)
             for seed in p.seeds
         ]
-        keys = ["generate_greedy"] + [f"generate_seeded/{k}" for k in range(len(sampled))]
-        outs = list(ctx.map_units(generate_twice_unit, requests, [greedy, *sampled], keys=keys,
-                                  encode=_encode_generation, decode=_decode_generation))  # fmt: skip
+        [outs] = ctx.map_units(generate_twice_unit, requests, [[greedy, *sampled]], keys=["generate"],
+                               encode=_encode_generation, decode=_decode_generation)  # fmt: skip
         yield self._generation_pair(ctx, "generate_greedy", "greedy generate twice", names, [greedy], outs[:1])
         if sampled:
             how = "seeded sampling twice per seed"
