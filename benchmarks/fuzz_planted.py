@@ -24,7 +24,7 @@ from mmchaos.findings import Verdict
 
 
 def _target(name: str) -> object:
-    module = "tests.broken_targets" if name == "contract_safe" else "tests.fuzz_targets"
+    module = "tests.fakes.broken_targets" if name == "contract_safe" else "tests.fakes.fuzz_targets"
     return getattr(importlib.import_module(module), name)()
 
 

@@ -334,8 +334,9 @@ def bench_server(
 
     quick = "--quick" in sys.argv if quick is None else quick
     requests = requests or (60 if quick else 400)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fakes, for the fallback
-    uri = "builtin:tiny-clip" if (TINY_CLIP_DIR / "model.safetensors").is_file() else "py:tests.fakes:hash_embed"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.fakes.targets, for the fallback
+    fallback = "py:tests.fakes.targets:hash_embed"
+    uri = "builtin:tiny-clip" if (TINY_CLIP_DIR / "model.safetensors").is_file() else fallback
     target = load_target(uri)
     rng = np.random.default_rng(0)
     buf = io.BytesIO()

@@ -8,7 +8,7 @@ the target and warm up), then timed. Per-job overhead: (Ray 1 worker - local 1 w
 
     PYTHONPATH=src:. python benchmarks/ray_isolated.py [--target URI] [--fuzz-cases 400]
 
-(default target: py:tests.broken_targets:contract_safe, a numpy target: the harness's cost shows.)
+(default target: py:tests.fakes.broken_targets:contract_safe, a numpy target: the harness's cost shows.)
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="py:tests.broken_targets:contract_safe")
+    parser.add_argument("--target", default="py:tests.fakes.broken_targets:contract_safe")
     parser.add_argument("--fuzz-cases", type=int, default=400)
     args = parser.parse_args()
     ray, ray_start, target, spec, _ = start_ray(args.target)

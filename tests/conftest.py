@@ -1,15 +1,15 @@
 """Shared fixtures and the test tiers.
 
-Tiers: ``pytest -m "not integration"`` is the fast tier (under a minute on 2 cores); the
-``integration`` marker holds what spawns processes, starts servers, loads real models or runs
-external tools. A test that requests :func:`model_dir` (directly or through another fixture) loads
-a real model, so it is marked ``integration`` here, without a marker of its own.
-Plain helpers that tests call directly (``aio``, ``run_check``) live in :mod:`tests.support`.
+Tiers are folders: ``tests/unit`` is the fast tier (``pytest tests/unit``), ``tests/integration``
+holds what spawns processes, starts servers, loads real models or runs external tools. Every test
+under ``tests/integration`` is marked ``integration`` here, so ``-m "not integration"`` still
+selects the fast tier, and a test under ``tests/unit`` that is marked ``integration`` or requests
+:func:`model_dir` (a real model) is a collection error: it belongs in the other folder.
+Fakes live in :mod:`tests.fakes`, helpers that tests call directly in :mod:`tests.support`.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 from collections.abc import Iterator
@@ -25,33 +25,38 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+pytest_plugins = ["tests.support.cli"]  # suite_file: both halves of test_cli.py use it
+
 REAL_MODEL_FIXTURES = frozenset({"model_dir"})
-"""Fixtures that load a real model: every test that uses one belongs to the integration tier."""
+"""Fixtures that load a real model: a test that uses one belongs in tests/integration."""
 
 
-def marked_integration_as_a_whole(path: Path) -> bool:
-    """True when the module assigns ``pytestmark = pytest.mark.integration`` at top level (read, not imported)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
-            return "mark.integration" in ast.unparse(node.value)
-    return False
+UNIT = ROOT / "tests" / "unit"
+INTEGRATION = ROOT / "tests" / "integration"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """In the fast tier, do not even import a module that is integration as a whole: its imports
-    (torch, transformers, ONNX Runtime, FastAPI) cost a third of the tier's time, for no test."""
+    """With ``-m "not integration"``, do not even import the integration folder: its imports (torch,
+    transformers, ONNX Runtime, FastAPI) would cost a third of the fast tier's time, for no test."""
     if str(config.getoption("markexpr", "") or "").strip() != "not integration":
         return None
-    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
-        return None
-    return True if marked_integration_as_a_whole(collection_path) else None
+    return True if collection_path == INTEGRATION or INTEGRATION in collection_path.parents else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
     for item in items:
-        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        path = Path(str(item.path))
+        if INTEGRATION in path.parents:
             item.add_marker(pytest.mark.integration)
+        elif UNIT in path.parents and (
+            item.get_closest_marker("integration") or REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "integration tests under tests/unit (move them to tests/integration): " + ", ".join(misplaced[:5])
+        )
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     pytest.importorskip("transformers")
     import torch
 
-    from tests import broken_targets as bt
+    from tests.fakes import broken_targets as bt
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -71,7 +76,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture()
 def subprocess_env() -> dict[str, str]:
-    """Environment for a child mmchaos process that can import ``tests.fakes``."""
+    """Environment for a child mmchaos process that can import ``tests.fakes.targets``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TOKENIZERS_PARALLELISM"] = "false"

@@ -166,7 +166,7 @@ The table is gathered from at random, so its size sets the kernel's speed: at 2*
 (4 MiB, past the 512 KiB L2 cache of the benchmark machine) the gather alone took 1-2 ms for a
 224 x 224 image, at 2**12 about 0.3 ms. The distribution keeps its mean within 0.03 levels and its
 variance within about 1% of the exact Poisson's at every level of every table
-(tests/test_perturb_speed.py); only outcomes rarer than 1/8192 are folded into their neighbours.
+(tests/unit/perturb/test_perturb_speed.py); only outcomes rarer than 1/8192 are folded into their neighbours.
 """
 
 

@@ -1,0 +1,183 @@
+"""Load shedding in the reference server's admission: a burst past capacity is refused early (429
+``overloaded`` with Retry-After) so the admitted requests stay inside the queue-wait deadline; with
+shedding off the same burst queues and the late ones wait for everything ahead of them.
+
+A real server on loopback over a slow engine (a fixed sleep per model call, under the server's model
+lock, so the service runs one call at a time like a real model). The latency bounds are loose on
+purpose: the broken twin's bound is a physical lower bound (30 calls of 0.1 s run one after another),
+the shedding one doubles the configured wait plus one call (0.6 s measured here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from mmchaos.server import ServerConfig, ServerThread
+from mmchaos.server.admission import Admission
+from mmchaos.server.errors import HTTPError
+from tests.fakes.server_targets import SlowTarget
+
+pytestmark = pytest.mark.integration
+
+BURST = 30
+
+
+def _post(client: httpx.Client) -> tuple[int, float, str | None]:
+    start = time.monotonic()
+    r = client.post("/v1/embeddings", json={"input": "x"})
+    took = time.monotonic() - start
+    code = r.json()["error"]["code"] if r.status_code != 200 else None
+    assert r.status_code != 429 or int(r.headers["retry-after"]) >= 1, "a 429 without Retry-After"
+    return r.status_code, took, code
+
+
+def _burst(config: ServerConfig) -> list[tuple[int, float, str | None]]:
+    """Status, latency and error code of each of :data:`BURST` requests sent at once (one
+    connection each, opened beforehand so the latency is the server's)."""
+    with ServerThread(SlowTarget(), config) as srv:
+        clients = [httpx.Client(base_url=srv.url, timeout=30.0) for _ in range(BURST)]
+        try:
+            for c in clients:  # connect every client; the first ones warm the service-time estimate
+                assert c.get("/v1/models").status_code == 200
+            for c in clients[:3]:
+                assert _post(c)[0] == 200
+            with ThreadPoolExecutor(BURST) as pool:
+                return list(pool.map(_post, clients))
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_burst_past_capacity_is_shed_and_admitted_requests_stay_on_time() -> None:
+    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=0.5)
+    results = _burst(config)
+    statuses = [s for s, _, _ in results]
+    assert set(statuses) <= {200, 429}, statuses
+    shed = [code for s, _, code in results if s == 429]
+    assert shed and set(shed) == {"overloaded"}, statuses
+    admitted = [t for s, t, _ in results if s == 200]
+    assert admitted, "shedding refused everything"
+    assert max(admitted) < 1.2, (sorted(admitted), statuses)  # 0.5 s wait + 0.1 s service, doubled
+
+
+def test_broken_twin_without_shedding_queues_the_whole_burst_past_the_deadline() -> None:
+    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=None)
+    results = _burst(config)
+    assert [s for s, _, _ in results] == [200] * BURST
+    assert max(t for _, t, _ in results) > 2.0  # the last one waited for ~29 calls of 0.1 s
+
+
+def test_admission_sheds_on_the_measured_completion_interval() -> None:
+    """No server, a fake clock: the interval is learnt from releases while saturated, and a request
+    expected to wait past ``max_wait`` is refused while one expected inside it queues."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        adm = Admission(limit=1, queue=100, max_wait=0.5, clock=lambda: now[0])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
+        await adm.enter(deadline, lambda: 1)  # takes the only slot
+        waiters = [asyncio.ensure_future(adm.enter(deadline, lambda: 1)) for _ in range(2)]
+        await asyncio.sleep(0)
+        for _ in range(2):  # two completions 0.2 s apart while saturated: interval 0.2 s
+            now[0] += 0.2
+            adm.release()
+            for _ in range(5):  # let the admitted waiter resume (wait_for on a shielded future)
+                await asyncio.sleep(0)
+        await asyncio.gather(*waiters)
+        assert adm.interval == pytest.approx(0.2)
+        assert adm.wait_per_place == pytest.approx(0.2)  # waited 0.2 s in place 1, 0.4 s in place 2
+        queued = [asyncio.ensure_future(adm.enter(deadline, lambda: 1)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert len(adm.waiters) == 2  # expected 0.2 s, then 0.4 s: both inside 0.5 s, both queue
+        with pytest.raises(HTTPError) as refused:
+            await adm.enter(deadline, lambda: 1)  # 3 x 0.2 s = 0.6 s > 0.5 s: shed
+        assert refused.value.status == 429 and refused.value.code == "overloaded"
+        assert int(refused.value.headers["Retry-After"]) >= 1
+        adm.max_wait = None  # the broken twin: the same request queues
+        queued.append(asyncio.ensure_future(adm.enter(deadline, lambda: 1)))
+        await asyncio.sleep(0)
+        assert len(adm.waiters) == 3
+        for q in queued:
+            q.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_cancelled_just_after_admission_gives_its_slot_back() -> None:
+    """The wedge: a request admitted (slot taken) whose own task is cancelled before it reads the
+    result (its client left as the slot came) held the slot forever; with every slot leaked so, the
+    server answered nothing until the request timeout. Reproduced deterministically on a loop."""
+    from mmchaos.server.engine import _unless_gone
+
+    async def scenario() -> None:
+        adm = Admission(limit=1, queue=10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
+        await adm.enter(deadline, lambda: 1)  # the slot is busy
+        gone: asyncio.Future[None] = loop.create_future()  # the client never leaves by itself
+        request = asyncio.ensure_future(
+            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(adm.waiters) == 1
+        adm.release()  # the busy request ends: the waiter is admitted
+        while adm.waiters:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the admission has returned; the request has not resumed yet
+        request.cancel()  # e.g. the server cancels the handler as its client disconnects
+        await asyncio.gather(request, return_exceptions=True)
+        assert adm.active == 0, "the cancelled request kept its slot"
+        gone.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_leaving_as_its_slot_is_granted_gives_the_slot_back() -> None:
+    """The same wedge by the everyday route: the client disconnects (``gone``) in the very step its
+    slot is granted; the admission, cancelled too late to notice, returned normally and the slot
+    was never released."""
+    from mmchaos.server.engine import _ClientGone, _unless_gone
+
+    async def scenario() -> None:
+        adm = Admission(limit=1, queue=10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
+        await adm.enter(deadline, lambda: 1)
+        gone: asyncio.Future[None] = loop.create_future()
+        request = asyncio.ensure_future(
+            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        adm.release()  # the slot is granted ...
+        gone.set_result(None)  # ... as the client leaves
+        [outcome] = await asyncio.gather(request, return_exceptions=True)
+        assert isinstance(outcome, _ClientGone)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert adm.active == 0, "the request whose client left kept its slot"
+
+    asyncio.run(scenario())
+
+
+def test_mmchaos_serve_sheds_by_default_and_0_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mmchaos serve`` sheds at 0.5 s unless told otherwise; the library default queues (the run's
+    shared server, see ServerConfig.max_queue_wait). The HTTP serving itself is stubbed out: what
+    is checked is the config the command hands to it."""
+    import mmchaos.server
+    from mmchaos.cli.serve_cmd import serve_command
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(mmchaos.server, "serve", lambda target, config, **kw: seen.append(config))
+    serve_command(target="py:tests.fakes.targets:hash_embed", port=0)
+    serve_command(target="py:tests.fakes.targets:hash_embed", port=0, max_queue_wait=0.0)
+    assert [c.max_queue_wait for c in seen] == [0.5, None]
+    assert ServerConfig().max_queue_wait is None

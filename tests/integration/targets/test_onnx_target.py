@@ -1,0 +1,157 @@
+"""``mmchaos export``, the ``onnx:`` target, and the torch-vs-ONNX Runtime differential check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from mmchaos.checks.engine.backend_differential import BackendDifferential
+from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchParams
+from mmchaos.data.shapes import make_shapes
+from mmchaos.errors import CapabilityError, ConfigError, TargetLoadError
+from mmchaos.findings import Finding, Verdict
+from mmchaos.targets import load_target
+from mmchaos.targets.base import Capability
+from mmchaos.targets.export import MANIFEST, export_onnx, onnx_input_dims
+from tests.fakes import broken_targets as bt
+from tests.fakes import targets as fakes
+from tests.support import run_check
+
+pytestmark = pytest.mark.integration  # every test here exports or runs the real model
+
+DATA = make_shapes(8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def exported(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("onnx") / "tiny-clip-onnx"
+    result = export_onnx(bt.tiny_clip(), out)
+    assert result.differences["image_max_abs_diff"] < 1e-4 and result.differences["text_max_abs_diff"] < 1e-4
+    return out
+
+
+def _run(check: Any, target: Any) -> list[Finding]:
+    return run_check(check, target, DATA)
+
+
+def test_export_writes_a_self_describing_directory(exported: Path) -> None:
+    names = {p.name for p in exported.iterdir()}
+    assert {"image_encoder.onnx", "text_encoder.onnx", "config.json", "tokenizer.json", MANIFEST} <= names
+    manifest = json.loads((exported / MANIFEST).read_text())
+    assert manifest["source"]["uri"] == "py:tests.fakes.broken_targets:tiny_clip"
+    assert manifest["max_text_tokens"] and manifest["expected_components"]["weights"]
+    dims = onnx_input_dims(exported / "text_encoder.onnx")
+    assert dims["input_ids"] == ["batch", "sequence"], "batch and sequence axes are dynamic"
+    assert onnx_input_dims(exported / "image_encoder.onnx")["pixel_values"][0] == "batch"
+
+
+def test_onnx_target_matches_torch_end_to_end(exported: Path) -> None:
+    target = load_target(f"onnx:{exported}")
+    source = bt.tiny_clip()
+    assert target.capabilities == frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.PREPROCESS})
+    assert not target.has(Capability.TORCH_MODULE)
+    images = [s.load_image() for s in DATA]
+    texts = [s.caption or "" for s in DATA] + ["word " * 200]
+    np.testing.assert_allclose(target.embed_images(images), source.embed_images(images), atol=1e-4)
+    np.testing.assert_allclose(target.embed_texts(texts), source.embed_texts(texts), atol=1e-4)
+    recorded = target.recorded_fingerprint()
+    assert recorded is not None and recorded.weights == target.fingerprint().weights
+    assert target.fingerprint().tokenizer == source.fingerprint().tokenizer, "the tokenizer files travelled unchanged"
+
+
+def test_backend_differential_passes_a_clean_export(model_dir: Path) -> None:
+    findings = _run(BackendDifferential(), bt.tiny_clip())
+    assert {f.evidence["modality"]: f.verdict for f in findings} == {"image": Verdict.PASS, "text": Verdict.PASS}
+    text = next(f for f in findings if f.evidence["modality"] == "text")
+    assert {"tensor_b1", "tensor_b4", "tensor_short_seq", "tensor_full_seq"} <= set(text.evidence["runs"])
+
+
+def test_backend_differential_flags_a_batch_size_baked_into_the_graph(model_dir: Path) -> None:
+    findings = {f.evidence["modality"]: f for f in _run(BackendDifferential(), bt.reshape_baked())}
+    image = findings["image"]
+    assert image.verdict == Verdict.FAIL and "silent shape change" in image.title
+    assert image.evidence["runs"]["tensor_b4"]["ort_shape"] != image.evidence["runs"]["tensor_b4"]["torch_shape"]
+    assert image.artifacts[0].name.endswith(".npz")
+    assert findings["text"].verdict == Verdict.PASS
+
+
+def test_backend_differential_skips_black_box_targets(exported: Path) -> None:
+    check = BackendDifferential()
+    assert check.missing_capabilities(load_target(f"onnx:{exported}")) is not None
+    assert check.missing_capabilities(fakes.HashEmbedTarget()) is not None
+
+
+def test_a_processor_swapped_into_an_export_is_refused(exported: Path, tmp_path: Path) -> None:
+    findings = _run(FingerprintMatch(FingerprintMatchParams(probe=False)), load_target(f"onnx:{exported}"))
+    assert findings[0].verdict == Verdict.PASS, findings[0].title
+    swapped = tmp_path / "swapped"
+    shutil.copytree(exported, swapped)
+    bt.mismatched_dir("processor_norm", swapped, src=exported)
+    [finding] = _run(FingerprintMatch(FingerprintMatchParams(probe=False)), load_target(f"onnx:{swapped}"))
+    assert finding.verdict == Verdict.FAIL and finding.title.startswith("processor does not belong")
+    assert "differs from the recorded" in finding.title
+
+
+def test_export_errors_are_typed(exported: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not empty"):
+        export_onnx(bt.tiny_clip(), exported)
+    with pytest.raises(CapabilityError, match="no torch module"):
+        export_onnx(fakes.HashEmbedTarget(), tmp_path / "x")
+    with pytest.raises(TargetLoadError, match="neither"):
+        load_target(f"onnx:{tmp_path}")
+    with pytest.raises(TargetLoadError, match="not a directory"):
+        load_target(f"onnx:{tmp_path / 'missing'}")
+
+
+def test_export_command(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from mmchaos.cli import main as cli_main
+    from mmchaos.cli.export_cmd import register
+
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps typer from flattening the app into one command
+        pass
+
+    out = tmp_path / "cli-export"
+    try:
+        app(["export", "py:tests.fakes.broken_targets:tiny_clip", str(out), "--no-validate"], standalone_mode=False)
+    except SystemExit as exc:  # pragma: no cover - typer exits 0 on success in some versions
+        assert not exc.code
+    assert (out / "image_encoder.onnx").is_file()
+    assert f"onnx:{out}" in capsys.readouterr().out
+    with pytest.raises(ConfigError):
+        app(["export", "py:tests.fakes.broken_targets:tiny_clip", str(out)], standalone_mode=False)
+    assert callable(cli_main)
+
+
+def test_onnx_target_tokenizes_as_shipped_and_context_boundary_sees_early_truncation(
+    exported: Path, tmp_path: Path
+) -> None:
+    """Issue 14: the tokenizer's own limit applies (no override with the model's positions)."""
+    from mmchaos.checks.engine.context_boundary import ContextBoundary
+
+    early = tmp_path / "early"
+    shutil.copytree(exported, early)
+    cfg_path = early / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model_max_length"] = 8
+    cfg_path.write_text(json.dumps(cfg))
+    target = load_target(f"onnx:{early}")
+    ids = target.tokenize(["a photo of a small red circle at the top left on a white background"])["input_ids"]  # type: ignore[attr-defined]
+    assert ids.shape[-1] == 8
+    assert target.text_limits()["tokenizer"] == 8  # type: ignore[attr-defined]
+    stages = [f for f in _run(ContextBoundary(), target) if f.evidence.get("part") == "stages"]
+    assert stages and stages[0].verdict == Verdict.FAIL and "8" in stages[0].title
