@@ -20,8 +20,8 @@ from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSi
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import ConfigError, DataError, StoreError
 from mmchaos.executors import Executor, ExecutorSpec, LazyExecutor, StoreJournal, TargetSpec, open_executor
+from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Severity, Verdict
-from mmchaos.resources import RunResources
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
 from mmchaos.targets import Target, TargetOptions, load_target, resolve_target_options

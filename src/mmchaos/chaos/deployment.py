@@ -23,8 +23,8 @@ from mmchaos.targets.wrappers import DelegatingTarget, unwrap
 from mmchaos.timing import ModelClock, clock_of
 
 if TYPE_CHECKING:
+    from mmchaos.executors.resources import RunResources
     from mmchaos.proxy.thread import ProxyThread
-    from mmchaos.resources import RunResources
 
 R = TypeVar("R")
 
@@ -48,7 +48,7 @@ class _ClockRouter(DelegatingTarget):
 
 
 class SharedServer:
-    """The run's reference server over one in-process target and config (see :mod:`mmchaos.resources`)."""
+    """The run's reference server over one in-process target and config (see :mod:`mmchaos.executors.resources`)."""
 
     def __init__(self, target: Target, config: ServerConfig) -> None:
         from mmchaos.server import ServerThread

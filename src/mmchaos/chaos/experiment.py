@@ -215,9 +215,10 @@ class Experiment:
         if self._tls is None:
             import httpx
 
-            from mmchaos.resources import shared
+            from mmchaos.executors.resources import shared
 
-            with shared(self.ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+            resources = getattr(self.ctx, "resources", None)
+            with shared(resources, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
                 self._tls = tls
         return self._tls
 

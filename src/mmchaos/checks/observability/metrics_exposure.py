@@ -242,9 +242,9 @@ def _tls(ctx: CheckContext) -> Any:
     """The run's TLS context (httpx would build one per transport, parsing the CA bundle again)."""
     import httpx
 
-    from mmchaos.resources import shared
+    from mmchaos.executors.resources import shared
 
-    with shared(ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+    with shared(ctx.resources, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
         return tls
 
 
