@@ -22,11 +22,11 @@ __all__ = ["BadModelOutput", "ModelFailure", "Origin", "RequestCancelled", "Serv
 
 log = logging.getLogger("mmchaos.server")
 
-#: Who refused, for a code whose HTTP status the code alone does not fix (a target's own codes):
-#: ``server`` (the server's or a guard's code: its status is the code's), ``request`` (the request's
-#: content, as the target's own decoder or parameter check read it), ``model`` (a typed refusal by
-#: the model), ``failure`` (the target failed). See :func:`mmchaos.server.http_errors.http_status`.
-Origin = Literal["server", "request", "model", "failure"]
+#: Who refused, where that and not the code decides the HTTP status: ``server`` (the code's
+#: status, from :data:`mmchaos.error_codes.CODES`), ``request`` (the request's content, as the
+#: target's own decoder or parameter check read it: 400), ``framework`` (FastAPI's own refusal: the
+#: status it chose). See :func:`mmchaos.server.http_errors.http_status`.
+Origin = Literal["server", "request", "framework"]
 
 
 class ServerError(MMChaosError):

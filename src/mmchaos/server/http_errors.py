@@ -22,10 +22,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmchaos.errors import CapabilityError, MMChaosError, TargetCallError
+from mmchaos.error_codes import status_of
+from mmchaos.errors import MMChaosError
 from mmchaos.guard.breaker import CallNotPermitted
-from mmchaos.guard.preflight import PREFLIGHT_CODES, PreflightError
-from mmchaos.server.errors import BadModelOutput, ModelFailure, Origin, ServerError, as_domain
+from mmchaos.server.errors import Origin, ServerError, as_domain
 from mmchaos.server.metrics import ServerMetrics
 from mmchaos.server.protocol import ErrorBody
 
@@ -34,61 +34,22 @@ __all__ = ["CLIENT_CLOSED", "ERROR_RESPONSES", "ErrorAnswer", "http_status", "in
 #: The status recorded for a request whose client left before its answer (nginx's 499).
 CLIENT_CLOSED = 499
 
-#: The HTTP status of each code the server itself answers with (the guards' codes are in
-#: :data:`mmchaos.guard.preflight.PREFLIGHT_CODES`).
-_STATUS_OF: Mapping[str, int] = {
-    # the request
-    "invalid_json": 400,
-    "invalid_request": 400,
-    "bad_messages": 400,
-    "bad_data_url": 400,
-    "empty_input": 400,
-    "one_item_per_conversation": 400,
-    "capability_missing": 400,
-    "dimensions_unsupported": 400,
-    "stream_unsupported": 400,
-    "n_unsupported": 400,
-    "invalid_token_id": 400,
-    "token_ids_unsupported": 400,
-    "max_tokens_too_large": 400,
-    "invalid_api_key": 401,
-    "model_not_found": 404,
-    "not_found": 404,
-    "method_not_allowed": 405,
-    "body_timeout": 408,
-    "payload_too_large": 413,
-    "too_many_inputs": 413,
-    "request_pixels_too_large": 413,
-    "unsupported_media_type": 415,
-    # admission, the request's time budget, the client
-    "queue_full": 429,
-    "overloaded": 429,
-    "request_timeout": 504,
-    "client_disconnected": CLIENT_CLOSED,
-    # the model, the breaker, the load gate
-    "model_error": 500,
-    "bad_model_output": 500,
-    "non_finite_output": 500,
-    "call_not_permitted": 503,
-    "not_ready": 503,
-    "model_load_mismatch": 503,
-}
 
-#: The status by who refused, for the codes of a target's own errors (see :data:`.errors.Origin`).
-_STATUS_BY_ORIGIN: Mapping[Origin, int] = {"request": 400, "model": 422, "failure": 500}
-
-
-def http_status(code: str, origin: Origin = "server") -> int:
+def http_status(code: str, origin: Origin = "server", fallback: int = 500) -> int:
     """The HTTP status an error code is answered with: the one place the server chooses one.
 
-    The server's and the guards' codes each have one status. A target's own code (a
-    ``TargetCallError``'s, say ``image_not_bytes``) has the status of whoever refused: the request's
-    content as the target's decoder or parameter check read it (400), the model (422), a failed
-    target (500); an unknown server code is a 500.
+    A code's status is its entry in the one table, :data:`mmchaos.error_codes.CODES`; ``fallback``
+    answers a code the table lacks (a plugin's, a remote endpoint's passed through: the status of
+    its exception class). A refusal of the request's content by the target's own decoder or
+    parameter check (``origin="request"``: the guards-off image decoder, GenerationParams) is a 400
+    whatever its code, as the server has always answered it. The HTTP framework's own refusals
+    (``origin="framework"``: routing, the body parser) keep the status it chose, ``fallback``.
     """
-    if origin != "server":
-        return _STATUS_BY_ORIGIN[origin]
-    return _STATUS_OF.get(code) or PREFLIGHT_CODES.get(code) or 500
+    if origin == "request":
+        return 400
+    if origin == "framework":
+        return fallback
+    return status_of(code, fallback)
 
 
 def _type(status: int) -> str:
@@ -133,8 +94,8 @@ class ErrorAnswer:
         return self
 
 
-def _answer(code: str, message: str, origin: Origin = "server", **extra: Any) -> ErrorAnswer:
-    return ErrorAnswer(http_status(code, origin), code, message, **extra)
+def _answer(code: str, message: str, origin: Origin = "server", fallback: int = 500, **extra: Any) -> ErrorAnswer:
+    return ErrorAnswer(http_status(code, origin, fallback), code, message, **extra)
 
 
 def _validation(exc: RequestValidationError) -> ErrorAnswer:
@@ -160,10 +121,8 @@ def _starlette(exc: StarletteHTTPException) -> ErrorAnswer:
         # digits than Python converts. All are a body that is not (usable) JSON.
         message = "the request body is not valid JSON (bad UTF-8, too deeply nested, or a number too large)"
         return _answer(code="invalid_json", message=message)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    if code is None:  # a status Starlette chose for a refusal of its own: passed on as it is
-        return ErrorAnswer(exc.status_code, "http_error", str(exc.detail), headers=headers)
-    return _answer(code, str(exc.detail), headers=headers)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _answer(code, str(exc.detail), "framework", exc.status_code, headers=headers)
 
 
 def to_answer(exc: Exception) -> ErrorAnswer:
@@ -173,23 +132,16 @@ def to_answer(exc: Exception) -> ErrorAnswer:
     if isinstance(exc, StarletteHTTPException):
         return _starlette(exc)
     err = as_domain(exc)
+    headers: dict[str, str] = {}
     if isinstance(err, ServerError):
-        headers = dict(err.headers)
+        headers.update(err.headers)
         if err.retry_after is not None:
             headers["Retry-After"] = str(err.retry_after)
         return _answer(err.code, err.message, err.origin, param=err.param, headers=headers)
     if isinstance(err, CallNotPermitted):
-        wait = max(1, math.ceil(err.retry_after or 1.0))
-        return _answer(err.code, err.message, headers={"Retry-After": str(wait)})
-    if isinstance(err, PreflightError):
-        return _answer(err.code, err.message)
-    if isinstance(err, CapabilityError):
-        return _answer(err.code, err.message, "request")
-    if isinstance(err, TargetCallError):  # the model refused this input with a typed error
-        return _answer(err.code, err.message, "model")
-    if isinstance(err, BadModelOutput | ModelFailure):
-        return _answer(err.code, err.message)
-    return _answer(err.code, err.message, "failure")
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after or 1.0)))
+    # a guard's, a target's or the model's error: its code's status, else its class's
+    return _answer(err.code, err.message, fallback=err.http_status, headers=headers)
 
 
 def install(app: FastAPI, metrics: ServerMetrics) -> None:

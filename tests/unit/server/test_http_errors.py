@@ -12,6 +12,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mmchaos.error_codes import CODES, status_of
 from mmchaos.errors import CapabilityError, ConfigError, TargetCallError
 from mmchaos.guard.breaker import BreakerState, CallNotPermitted
 from mmchaos.guard.preflight import PREFLIGHT_CODES, Preflight, PreflightError
@@ -45,22 +46,19 @@ def test_the_scan_finds_the_server_codes() -> None:
     assert len(codes) > 25
 
 
-#: The codes whose status is 500 by design: the model failed.
-MODEL_FAILURES = frozenset({"model_error", "bad_model_output", "non_finite_output"})
-
-
 @pytest.mark.parametrize("code", sorted(_raised_codes()))
-def test_every_code_the_server_raises_has_its_own_status(code: str) -> None:
-    """An unknown code falls back to 500: a new code without a status would be a silent 5xx."""
-    assert http_status(code) != 500 or code in MODEL_FAILURES
+def test_every_code_the_server_raises_has_its_status_in_the_table(code: str) -> None:
+    """An unknown code falls back to 500: a new code without an entry would be a silent 5xx."""
+    assert code in CODES
+    assert http_status(code) == CODES[code].status
 
 
-def test_an_unknown_code_is_a_500_and_who_refused_decides_a_targets_code() -> None:
-    assert http_status("no_such_code") == 500
-    assert http_status("image_too_large") == 413  # a guard's code: its own status
+def test_a_code_has_the_tables_status_and_only_the_origin_can_override_it() -> None:
+    assert http_status("image_too_large") == status_of("image_too_large") == 413
+    assert http_status("no_such_code") == 500  # not in the table: the fallback
+    assert http_status("no_such_code", fallback=422) == 422  # e.g. the status of the error's class
     assert http_status("image_too_large", "request") == 400  # the bare decoder refused the request's image
-    assert http_status("bad_generation_params", "model") == 422
-    assert http_status("anything", "failure") == 500
+    assert http_status("http_error", "framework", 418) == 418  # Starlette's own status
 
 
 def _body(answer: ErrorAnswer) -> dict[str, object]:
@@ -86,10 +84,11 @@ def test_library_errors_map_to_the_documented_statuses() -> None:
     breaker = to_answer(CallNotPermitted("model", BreakerState.OPEN, retry_after=1.2))
     assert (breaker.status, breaker.code, breaker.headers["Retry-After"]) == (503, "call_not_permitted", "2")
     assert to_answer(CapabilityError("cannot embed", code="capability_missing")).status == 400
-    refusal = to_answer(TargetCallError("no", code="bad_messages"))  # the model's refusal, not the server's
-    assert (refusal.status, refusal.code) == (422, "bad_messages")
+    refusal = to_answer(TargetCallError("no", code="a_plugins_own_code"))  # not in the table: its class's 422
+    assert (refusal.status, refusal.code) == (422, "a_plugins_own_code")
+    assert to_answer(TargetCallError("no", code="generate_failed")).status == status_of("generate_failed")
     assert to_answer(BadModelOutput("NaN", code="non_finite_output")).type == "server_error"
-    assert to_answer(ConfigError("broken")).status == 500
+    assert to_answer(ConfigError("broken")).status == status_of("config_invalid")
 
 
 def test_a_foreign_exception_is_the_models_failure() -> None:
