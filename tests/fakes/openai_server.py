@@ -52,7 +52,10 @@ def _pixels(url: str) -> np.ndarray:
     head, _, payload = url.partition(",")
     if not head.startswith("data:image/") or ";base64" not in head:
         raise ValueError("not an image data URL")
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB"), dtype=np.float32)
+    try:
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB"), dtype=np.float32)
+    except Exception as exc:  # a correct server refuses what it cannot decode (bombs included): a 400
+        raise ValueError(f"cannot decode the image: {type(exc).__name__}") from None
 
 
 def image_vector(url: str) -> list[float]:
@@ -122,16 +125,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "not found")
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        self.server.config.requests.append({"path": self.path, "body": body})
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise TypeError("the body is not a JSON object")
+            self.server.config.requests.append({"path": self.path, "body": body})
             if self.path == "/v1/embeddings":
                 self._embeddings(body)
             elif self.path == "/v1/chat/completions" and self.server.config.chat:
                 self._chat(body)
             else:
                 self._error(404, "not found")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._error(400, f"bad request: {exc}")
 
     def _embeddings(self, body: dict[str, Any]) -> None:
