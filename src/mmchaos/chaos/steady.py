@@ -42,7 +42,9 @@ def explain_unmet(ph: Phase, slo: SLOSpec, *, before: bool) -> dict[str, Any]:
     failed = [x for x in r.records if x.error is not None and x.error != "client_shed"]
     statuses: dict[str, int] = {}
     transport: dict[str, int] = {}
+    kinds: dict[str, int] = {}
     for x in failed:
+        kinds[x.kind] = kinds.get(x.kind, 0) + 1
         if x.status is not None:
             key = str(x.status) if x.error != "bad_body" else f"{x.status} (invalid body)"
             statuses[key] = statuses.get(key, 0) + 1
@@ -74,8 +76,10 @@ def explain_unmet(ph: Phase, slo: SLOSpec, *, before: bool) -> dict[str, Any]:
     harness = before and refused > 0 and refused == len(failed)
     if before and refused:
         refusals = sorted({str(x.status) for x in failed if is_refusal(x.status)})
+        refused_kinds = sorted({x.kind for x in failed if is_refusal(x.status)})
         parts.append(
-            f"the service refused {refused} of mmchaos's own good requests (HTTP {', '.join(refusals)}): "
+            f"the service refused {refused} of mmchaos's own good requests (HTTP {', '.join(refusals)}; "
+            f"{', '.join(refused_kinds)}): "
             "a harness or configuration problem (the request's image form, the model name, the API key, "
             "a size limit; the journal's experiment.traffic says what was sent), not a resilience failure"
         )
@@ -86,6 +90,7 @@ def explain_unmet(ph: Phase, slo: SLOSpec, *, before: bool) -> dict[str, Any]:
             "status_codes": statuses,
             "error_codes": {f"{s}:{c}": n for s, by in sorted(codes.items()) for c, n in sorted(by.items())},
             "transport": transport,
+            "kinds": dict(sorted(kinds.items())),
         },
         "harness_problem": harness,
     }
