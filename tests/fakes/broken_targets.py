@@ -60,11 +60,11 @@ class ContractSafeTarget(HashEmbedTarget):
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TargetCallError(f"text {i} is not a str", code="text_bad_type")
+                raise TargetCallError(f"text {i} is not a str", code="bad_text_type")
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise TargetCallError(f"text {i} is not valid Unicode: {exc.reason}", code="text_invalid") from exc
+                raise TargetCallError(f"text {i} is not valid Unicode: {exc.reason}", code="bad_utf8") from exc
             if not t.split():
                 raise TargetCallError(f"text {i} is empty", code="text_empty")
         return super().embed_texts([t[:4096] for t in texts])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast, get_args, get_origin
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -158,15 +158,42 @@ class Check(Generic[P, G]):
     """Base class: subclasses set the class attributes and implement :meth:`run`.
 
     Generic over its parameter and gate models, so ``self.params`` and ``self.gate`` have the
-    subclass's types: ``class Robustness(Check[RobustnessParams, RobustnessGate])``.
+    subclass's types: ``class Robustness(Check[RobustnessParams, RobustnessGate])``. The class
+    attributes ``Params`` and ``Gate`` (what suites validate against) are read from those generic
+    arguments when the subclass is defined; a check without either names ``CheckParams`` or
+    ``CheckGate``.
     """
 
     name: ClassVar[str] = ""
     step: ClassVar[Step]
     requires: ClassVar[tuple[frozenset[Capability], ...]] = ()
     """Alternatives: the check runs when the target has every capability of at least one set."""
-    Params: ClassVar[type[BaseModel]] = CheckParams
-    Gate: ClassVar[type[BaseModel]] = CheckGate
+    Params: ClassVar[type[BaseModel]]
+    """The parameter model, from ``Check[Params, Gate]`` (set by :meth:`__init_subclass__`)."""
+    Gate: ClassVar[type[BaseModel]]
+    """The gate model, from ``Check[Params, Gate]``."""
+    _models: ClassVar[tuple[object, object]]
+    """What ``Params`` and ``Gate`` are in this class: models, or type variables while it is generic."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params, gate = _generic_models(cls)
+        models = (cls.__dict__.get("Params", params), cls.__dict__.get("Gate", gate))
+        cls._models = models
+        still_generic = [m for m in models if isinstance(m, TypeVar)]
+        if still_generic and all(m in getattr(cls, "__parameters__", ()) for m in still_generic):
+            return  # a generic base of checks: its own subclasses name the models
+        wrong = [
+            f"{what} {'nothing' if isinstance(m, TypeVar) else repr(m)}"
+            for what, m in zip(("parameters", "gate"), models, strict=True)
+            if not (isinstance(m, type) and issubclass(m, BaseModel))
+        ]
+        if wrong:
+            raise TypeError(
+                f"check class {cls.__qualname__} must name its parameter and gate models as "
+                f"Check[ParamsModel, GateModel] (CheckParams/CheckGate for none); got {', '.join(wrong)}"
+            )
+        cls.Params, cls.Gate = cast("tuple[type[BaseModel], type[BaseModel]]", models)
 
     def __init__(self, params: P | None = None, gate: G | None = None) -> None:
         self.params: P = params if params is not None else cast(P, self.Params())
@@ -189,6 +216,22 @@ class Check(Generic[P, G]):
 
     def finding(self, ctx: CheckContext, verdict: Verdict, title: str, **kw: Any) -> Finding:
         return Finding(check=ctx.check_id, step=self.step, verdict=verdict, title=title, **kw)
+
+
+Check._models = (P, G)
+
+
+def _generic_models(cls: type) -> tuple[object, object]:
+    """``(Params, Gate)`` as the first check base of ``cls`` states them, its generic arguments
+    put in for the type variables that base is generic in."""
+    for base in cls.__dict__.get("__orig_bases__", cls.__bases__):
+        origin = get_origin(base) or base
+        if not (isinstance(origin, type) and issubclass(origin, Check)):
+            continue
+        bound = dict(zip(getattr(origin, "__parameters__", ()), get_args(base), strict=False))
+        params, gate = origin._models
+        return bound.get(params, params), bound.get(gate, gate)
+    return P, G  # unreachable for a subclass of Check: one of its bases is a check class
 
 
 AnyCheck = Check[Any, Any]

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from mmchaos.errors import CapabilityError, MMChaosError, TargetCallError
+from mmchaos.error_codes import status_of
+from mmchaos.errors import MMChaosError
 from mmchaos.guard.breaker import CallNotPermitted
-from mmchaos.guard.preflight import PreflightError
 from mmchaos.server.protocol import ErrorBody
 
 __all__ = [
@@ -83,19 +83,13 @@ def to_http_error(exc: BaseException) -> HTTPError:
     """The answer to an exception raised while running a request's work."""
     if isinstance(exc, HTTPError):
         return exc
-    if isinstance(exc, PreflightError):
-        return HTTPError(exc.http_status, exc.code, exc.message)
-    if isinstance(exc, CallNotPermitted):
-        wait = max(1, math.ceil(exc.retry_after or 1.0))
-        return HTTPError(503, exc.code, exc.message, headers={"Retry-After": str(wait)})
-    if isinstance(exc, CapabilityError):
-        return HTTPError(400, exc.code, exc.message)
-    if isinstance(exc, TargetCallError):  # the model refused this input with a typed error
-        return HTTPError(422, exc.code, exc.message)
+    if isinstance(exc, MMChaosError):  # the code's one status (mmchaos.error_codes), or its class's
+        headers: dict[str, str] = {}
+        if isinstance(exc, CallNotPermitted):
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after or 1.0)))
+        return HTTPError(exc.http_status, exc.code, exc.message, headers=headers)
     if isinstance(exc, BadModelOutput):
-        return HTTPError(500, exc.code, str(exc))
-    if isinstance(exc, MMChaosError):
-        return HTTPError(500, exc.code, exc.message)
+        return HTTPError(status_of(exc.code), exc.code, str(exc))
     log.warning("model call failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return HTTPError(500, "model_error", f"the model raised {type(exc).__name__}: {str(exc)[:300]}")
 

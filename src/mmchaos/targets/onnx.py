@@ -113,12 +113,12 @@ class OnnxTarget(Target):
     def tokenize(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="text_bad_type")
+                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="bad_text_type")
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise TargetCallError(
-                    f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="text_invalid"
+                    f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="bad_utf8"
                 ) from exc
         # The tokenizer truncates at its own limit, as a deployment that loads it would; a text
         # that still has more tokens than the graph has positions is a typed refusal.

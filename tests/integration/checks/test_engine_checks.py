@@ -35,6 +35,7 @@ def _parts(findings: list[Finding]) -> dict[str, Finding]:
     return {f.evidence["part"]: f for f in findings}
 
 
+@pytest.mark.check_contract("precision", "clean")
 def test_precision_passes_the_model_and_restores_it_bit_for_bit(model_dir: Path) -> None:
     import numpy as np
 
@@ -50,6 +51,7 @@ def test_precision_passes_the_model_and_restores_it_bit_for_bit(model_dir: Path)
     assert np.array_equal(before, target.embed_images([DATA[0].load_image()])), "fp32 weights must come back exactly"
 
 
+@pytest.mark.check_contract("precision", "broken")
 def test_precision_names_the_layer_that_overflows_in_fp16(model_dir: Path) -> None:
     findings = _run(Precision(PrecisionParams(samples=16, dtypes=["float16", "bfloat16"])), bt.fp16_overflow())
     fp16 = next(f for f in findings if f.evidence["dtype"] == "float16")
@@ -76,6 +78,7 @@ def test_cast_module_restores_the_original_tensors() -> None:
     assert module[1].running_mean.dtype == torch.float32
 
 
+@pytest.mark.check_contract("context_boundary", "clean")
 def test_context_boundary_passes_a_target_that_rejects_over_long_text(model_dir: Path) -> None:
     parts = _parts(_run(ContextBoundary(), bt.rejects_long_text()))
     assert {k: f.verdict for k, f in parts.items()} == {
@@ -96,6 +99,7 @@ def test_context_boundary_warns_on_the_plain_models_truncation_at_its_own_limit(
     assert allowed["beyond"].verdict == Verdict.PASS and "allowed by the gate" in allowed["beyond"].title
 
 
+@pytest.mark.check_contract("context_boundary", "broken")
 def test_context_boundary_finds_a_tokenizer_that_truncates_early(model_dir: Path) -> None:
     target = bt.early_truncation()
     parts = _parts(_run(ContextBoundary(), target))

@@ -197,6 +197,10 @@ def test_an_experiment_builds_one_tls_context_however_many_load_phases(monkeypat
 # --- end to end --------------------------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("serving_faults", "clean")
+@pytest.mark.check_contract("serving_overload", "clean")
+@pytest.mark.check_contract("serving_poison", "clean")
+@pytest.mark.check_contract("serving_resilience", "clean")
 def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
@@ -283,6 +287,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
 # --- each check fails a broken deployment -------------------------------------------------------------
 
 
+@pytest.mark.check_contract("serving_faults", "broken")
 def test_faults_flag_error_pages_that_are_not_openai_json() -> None:
     from mmchaos.checks.serving.faults import ServingFaults
 
@@ -350,6 +355,7 @@ def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(mon
     assert took < 20 and journal["budget"]["sent"] < 1000
 
 
+@pytest.mark.check_contract("serving_poison", "broken")
 def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
     from mmchaos.checks.serving.poison import ServingPoison
 
@@ -374,6 +380,7 @@ def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
     assert_torn_down(exp)
 
 
+@pytest.mark.check_contract("serving_overload", "broken")
 def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> None:
     from mmchaos.checks.serving.overload import ServingOverload
 
@@ -484,6 +491,7 @@ def test_overload_recovery_is_judged_after_the_backlog_drains_at_the_measured_ra
     assert_torn_down(experiment(findings))
 
 
+@pytest.mark.check_contract("serving_resilience", "broken")
 def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries() -> None:
     from mmchaos.checks.serving.resilience import ServingResilience
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mmchaos.checks.contract.contract import ContractGate, classify, replay
-from mmchaos.checks.contract.corpus import get_case
+from mmchaos.hostile import get_case
 from mmchaos.isolation import ErrorInfo, JobResult
 from tests.fakes import broken_targets as bt
 

@@ -1,6 +1,6 @@
 """Step 1: hostile and malformed inputs get a clean rejection or a correct answer, never worse.
 
-Every case of :mod:`~mmchaos.checks.contract.corpus` runs through the target's own decoding
+Every case of the hostile corpus (:mod:`mmchaos.hostile`) runs through the target's own decoding
 path (``embed_encoded_images``, ``read_encoded_images``, ``embed_encoded_texts``) or its array
 API, inside a pool of worker processes that each load the target once by URI (the run's shared
 pool, or with ``--executor ray`` a one-worker pool on each Ray actor). Each case is a keyed work
@@ -28,12 +28,12 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import ANY_MODALITY, AnyCheck, Check, CheckContext, Gate, Params
-from mmchaos.checks.contract.corpus import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
 from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.guard.limits import INT32_MAX, int32_wrapped_product
+from mmchaos.hostile import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.isolation import (
     ErrorInfo,
     InProcessRunner,
@@ -424,8 +424,6 @@ class Contract(Check[ContractParams, ContractGate]):
     name = "contract"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractParams
-    Gate = ContractGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

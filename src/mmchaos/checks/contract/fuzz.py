@@ -23,7 +23,6 @@ from pydantic import Field
 from mmchaos.chaos.spec import BudgetSpec
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.contract.contract import _base_sample, pool_spec, prefetch_shared_pool, worker_load_error
-from mmchaos.checks.contract.corpus import CorpusBase, select_cases
 from mmchaos.checks.evidence import safe_name
 from mmchaos.errors import TargetLoadError
 from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
@@ -31,13 +30,14 @@ from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.fuzz import Failure, FuzzConfig, Fuzzer, FuzzReport, Seed
 from mmchaos.fuzz.formats import sniff
 from mmchaos.fuzz.replay import replay_command
-from mmchaos.fuzz.seeds import format_seeds, shrink, text_seeds
+from mmchaos.fuzz.seeds import corpus_seeds, format_seeds, shrink, text_seeds
 from mmchaos.fuzz.worker import fuzz_job, method_for
+from mmchaos.hostile import CorpusBase
 from mmchaos.isolation import InProcessRunner, JobResult, worker_spec
 from mmchaos.targets.base import Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["ContractFuzz", "ContractFuzzGate", "ContractFuzzParams", "corpus_seeds"]
+__all__ = ["ContractFuzz", "ContractFuzzGate", "ContractFuzzParams"]
 
 Kind = Literal["image_bytes", "text_bytes"]
 _KINDS: tuple[Kind, ...] = ("image_bytes", "text_bytes")
@@ -89,23 +89,6 @@ _SUGGESTION = {
     "hung": "bound decoding work by the declared size and put a deadline on every input",
     "garbage": "reject what decodes to nothing meaningful with a typed error instead of answering",
 }
-
-
-def corpus_seeds(base: CorpusBase, kinds: list[str]) -> list[Seed]:
-    """The contract corpus's encoded files and texts, built from a small picture, as seeds."""
-    seeds: list[Seed] = []
-    for case in select_cases([], ["size", "int32"]):
-        if case.kind not in ("image_bytes", "text", "text_bytes"):
-            continue
-        kind = "image_bytes" if case.kind == "image_bytes" else "text_bytes"
-        if kind not in kinds:
-            continue
-        data = case.build(base).data
-        if isinstance(data, str):
-            data = data.encode("utf-8", "surrogatepass")
-        if isinstance(data, bytes | bytearray) and 0 < len(data) <= 1 << 16:
-            seeds.append(Seed(f"corpus:{case.name}", kind, bytes(data)))
-    return seeds
 
 
 def _seeds(target: Target, base: CorpusBase, p: ContractFuzzParams) -> list[Seed]:
@@ -178,8 +161,6 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     name = "contract_fuzz"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractFuzzParams
-    Gate = ContractFuzzGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -146,8 +146,6 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
         frozenset({Capability.TORCH_MODULE, Capability.EMBED_IMAGE}),
         frozenset({Capability.TORCH_MODULE, Capability.EMBED_TEXT}),
     )
-    Params = PrecisionParams
-    Gate = PrecisionGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

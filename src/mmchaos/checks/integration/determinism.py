@@ -74,8 +74,6 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
     name = "determinism"
     step = Step.INTEGRATION
     requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
-    Params = DeterminismParams
-    Gate = DeterminismGate
 
     def _batches(self, ctx: CheckContext) -> list[tuple[str, list[Any], list[str]]]:
         p = self.params

@@ -255,7 +255,6 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
     name = "metrics_exposure"
     step = Step.OBSERVABILITY
     requires = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
-    Params = MetricsExposureParams
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         import httpx

@@ -192,8 +192,6 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
     name = "serving_poison"
     step = Step.SERVING
     requires = (*EMBEDS, frozenset({Capability.GENERATE}))
-    Params = ServingPoisonParams
-    Gate = ServingPoisonGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -104,8 +104,6 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
     name = "serving_resilience"
     step = Step.SERVING
     requires = EMBEDS
-    Params = ServingResilienceParams
-    Gate = ServingResilienceGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

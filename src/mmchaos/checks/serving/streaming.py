@@ -259,8 +259,6 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
     name = "serving_streaming"
     step = Step.SERVING
     requires = (frozenset({Capability.GENERATE}),)
-    Params = ServingStreamingParams
-    Gate = ServingStreamingGate
 
     def _contents(self, ctx: CheckContext, count: int) -> list[Any]:
         """Request contents: the dataset's images (a PNG data URL each) with the prompt; text only without."""
