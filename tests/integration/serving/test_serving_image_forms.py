@@ -66,6 +66,9 @@ def form_of(body: dict[str, Any]) -> str:
     return "input_parts" if isinstance(body["input"][0], dict) else "data_url"
 
 
+@pytest.mark.check_contract("serving_poison", "clean")
+@pytest.mark.check_contract("serving_faults", "clean")
+@pytest.mark.check_contract("serving_overload", "clean")
 @pytest.mark.parametrize("fake_form", list(FORMS))
 def test_a_correct_server_of_each_image_form_passes_the_serving_image_traffic(fake_form: str) -> None:
     config = FakeConfig(image_forms=(fake_form,), chat=False)
@@ -100,6 +103,7 @@ def test_a_correct_server_of_each_image_form_passes_the_serving_image_traffic(fa
         assert by[kind].evidence["outcomes"] and all(k.startswith("400:") for k in by[kind].evidence["outcomes"])
 
 
+@pytest.mark.check_contract("serving_poison", "broken")
 def test_a_data_url_server_whose_engine_dies_on_a_large_image_still_fails_poison_isolation() -> None:
     config = FakeConfig(image_forms=("data_url",), chat=False, dies_on_side=1024)
     with fake_openai_server(config) as url:
