@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
+from mmchaos.errors import StoreError
 
 __all__ = ["register", "validate_command"]
 
@@ -79,6 +80,8 @@ def validate_command(
         from mmchaos.executors.ray import require_ray
 
         require_ray()  # not installed: a one-line error before any model loads
+    if resume is not None and not Path(store_path).exists():  # RunStore would create an empty one
+        raise StoreError(f"no run store at {store_path} to resume {resume!r} from (see --store)")
     prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
     config = None
     if resume is None:

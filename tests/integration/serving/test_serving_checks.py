@@ -123,18 +123,6 @@ class EngineDiesOnLargeImages(HashEmbedTarget):
         return super().embed_texts(texts)
 
 
-class SlowModel(HashEmbedTarget):
-    """Correct, 40 ms per model call: the SLO breaks as soon as two requests queue."""
-
-    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        time.sleep(0.04)
-        return super().embed_images(images)
-
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        time.sleep(0.04)
-        return super().embed_texts(texts)
-
-
 # --- the budget and typed errors, without a network ------------------------------------------------
 
 
@@ -381,17 +369,37 @@ def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
 
 
 @pytest.mark.check_contract("serving_overload", "broken")
+class QuarterSecondModel(HashEmbedTarget):
+    """Correct, 250 ms per model call, one call at a time: alone a request takes ~250 ms, four at once
+    wait ~1 s. The delay dominates the harness's own overhead, so the knee holds on a loaded machine
+    (with 40 ms calls and a 120 ms SLO, concurrency 1 broke the SLO at load ~15)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._one_at_a_time = threading.Lock()
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        with self._one_at_a_time:
+            time.sleep(0.25)
+            return super().embed_images(images)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        with self._one_at_a_time:
+            time.sleep(0.25)
+            return super().embed_texts(texts)
+
+
 def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> None:
     from mmchaos.checks.serving.overload import ServingOverload
 
     params = {
         **FAST,
         "concurrency_steps": [1, 4],
-        "step_s": 0.6,
-        "slo": {**FAST["slo"], "p99_ms": 120},
+        "step_s": 2.5,
+        "slo": {"window_s": 1.0, "p99_ms": 700, "min_window_requests": 2},
         "budget": {**FAST["budget"], "max_rate": 1000},
     }
-    findings = run(ServingOverload, SlowModel(), params, {"min_knee_concurrency": 4})
+    findings = run(ServingOverload, QuarterSecondModel(), params, {"min_knee_concurrency": 4})
     [knee] = [f for f in findings if f.title.startswith("knee")]
     assert knee.verdict == Verdict.FAIL and knee.metrics["knee_concurrency"] == 1
     assert knee.metrics["breaking_concurrency"] == 4
