@@ -8,8 +8,10 @@ one of three forms (``image_input``): ``"messages"``, one per request in vLLM's 
 server, :meth:`OpenAITarget.connect` probes each form and keeps the first that embeds pixels, not
 bytes: the same picture in two PNG encodings must give the same vector and a different picture a
 different one, so a text-only server that embeds the data URL as a string is not taken for an image
-model. What the probe tried is in ``describe()["endpoint"]["probe"]``; a modality the endpoint half
-supports but that could not be tested is in :meth:`OpenAITarget.untested_modalities`, which the
+model. Each form's bodies are built by :mod:`.openai_forms`, which the serving experiments use too,
+so their traffic speaks the form found here. What the probe tried is in
+``describe()["endpoint"]["probe"]``; a modality the endpoint half supports but that could not be
+tested is in :meth:`OpenAITarget.untested_modalities`, which the
 ``modality_coverage`` check turns into a warning.
 
 Generation goes to ``POST {base}/chat/completions`` with ``image_url`` parts (data URLs), ``n``,
@@ -65,6 +67,14 @@ from mmchaos.targets.generation import (
     Message,
     as_messages,
 )
+from mmchaos.targets.openai_forms import (
+    IMAGE_FORMS,
+    ImageForm,
+    chat_body,
+    chat_image_content,
+    embeddings_form,
+    text_body,
+)
 from mmchaos.targets.openai_wire import (
     EndpointError,
     chat_content,
@@ -84,9 +94,8 @@ log = logging.getLogger(__name__)
 HTTP_CAPABILITIES = frozenset(
     {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
 )
-ImageInput = Literal["input", "messages", "data_url"]
-IMAGE_FORMS: tuple[ImageInput, ...] = ("messages", "input", "data_url")
-"""The ways of sending an image to ``/embeddings`` that the probe tries, in this order."""
+ImageInput = ImageForm
+"""The image forms of ``/embeddings`` (:mod:`.openai_forms` builds their bodies)."""
 _RETRY_STATUSES = frozenset({429, 503})
 Resolver = Callable[..., list[tuple[Any, ...]]]
 
@@ -385,11 +394,8 @@ class OpenAITarget(Target):
         return None, evidence
 
     def _chat_probe(self, image: ImageArray | None) -> None:
-        content: list[dict[str, Any]] = [{"type": "text", "text": "Say OK."}]
-        if image is not None:
-            content.insert(0, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}})
-        payload = {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1,
-                   "temperature": 0}  # fmt: skip
+        urls = [] if image is None else [data_url(png_bytes(image))]
+        payload = chat_body(self.model, chat_image_content(urls, "Say OK."), max_tokens=1, temperature=0)
         body = self._post("/chat/completions", payload)
         if not isinstance(body.get("choices"), list) or not body["choices"]:
             raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
@@ -489,9 +495,14 @@ class OpenAITarget(Target):
             raise EndpointError(f"POST {path}: {out.shape[0]} embeddings for {n} inputs", code="bad_response")
         return out
 
-    def _embed(self, inputs: list[Any]) -> FloatArray:
-        payload = {"model": self.model, "input": inputs, "encoding_format": self.encoding_format}
-        return self._vectors(self._post("/embeddings", payload), len(inputs), "/embeddings")
+    def _embed_texts(self, texts: list[str]) -> FloatArray:
+        payload = text_body(self.model, texts, self.encoding_format)
+        return self._vectors(self._post("/embeddings", payload), len(texts), "/embeddings")
+
+    def _embed_urls(self, urls: list[str]) -> FloatArray:
+        """One ``/embeddings`` request for ``urls`` in the endpoint's image form."""
+        payload = embeddings_form(self.image_input).body(self.model, urls, self.encoding_format)
+        return self._vectors(self._post("/embeddings", payload), len(urls), "/embeddings")
 
     def _chunks(self, items: Sequence[Any]) -> list[list[Any]]:
         return [list(items[i : i + self.max_items]) for i in range(0, len(items), self.max_items)]
@@ -509,7 +520,7 @@ class OpenAITarget(Target):
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="bad_text_type")
-        return self._join(self._map(self._embed, self._chunks(list(texts))))
+        return self._join(self._map(self._embed_texts, self._chunks(list(texts))))
 
     def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
         return self.embed_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
@@ -522,21 +533,8 @@ class OpenAITarget(Target):
             if not isinstance(blob, bytes | bytearray | memoryview):
                 raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
             urls.append(data_url(bytes(blob)))
-        if self.image_input == "input":
-            parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
-            return self._join(self._map(self._embed, self._chunks(parts)))
-        if self.image_input == "data_url":
-            return self._join(self._map(self._embed, self._chunks(urls)))
-
-        def one(url: str) -> FloatArray:
-            payload = {
-                "model": self.model,
-                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
-                "encoding_format": self.encoding_format,
-            }
-            return self._vectors(self._post("/embeddings", payload), 1, "/embeddings")
-
-        return self._join(self._map(one, urls))
+        batches = self._chunks(urls) if embeddings_form(self.image_input).batched else [[u] for u in urls]
+        return self._join(self._map(self._embed_urls, batches))
 
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         return self.read_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
@@ -550,13 +548,7 @@ class OpenAITarget(Target):
         self._require(Capability.READ_TEXT, "read text")
 
         def one(blob: bytes) -> str:
-            payload = {
-                "model": self.model,
-                "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(blob)}}]}
-                ],
-                "temperature": 0,
-            }
+            payload = chat_body(self.model, chat_image_content([data_url(blob)]), temperature=0)
             body = self._post("/chat/completions", payload)
             try:
                 content = body["choices"][0]["message"]["content"]
