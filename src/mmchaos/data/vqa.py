@@ -114,7 +114,8 @@ def known_answer_samples(
 ) -> list[Sample]:
     """``n`` single-shape images (medium-sized: unambiguous for any model that reads images) whose
     right answers to a ``kind`` question are pairwise different and not in ``skip``; each sample
-    carries every kind's answer in ``meta`` (``count`` is ``one``). Deterministic by (seed, split).
+    carries every kind's answer in ``meta`` (``count`` is ``one``), with the spellings a grader
+    accepts in ``meta["answers_by_kind"]``. Deterministic by (seed, split).
 
     What a black-box probe asks when it must score answers against the truth, not only against
     each other. At most ``len(ANSWERS[kind])`` are possible.
@@ -137,6 +138,7 @@ def known_answer_samples(
         s.meta = {**s.meta, "count": "one", "kind": kind}
         s.question, s.answer = QUESTIONS[kind][0], answer
         s.meta["answers"] = _alternatives(kind, answer)
+        s.meta["answers_by_kind"] = {k: _alternatives(k, str(s.meta[k])) for k in KINDS}
         out.append(s)
     if len(out) < n:
         raise ValueError(f"found {len(out)} of {n} images with different {kind} answers")
