@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from mmchaos.data.vqa import ANSWERS, NONE_ANSWERS, QUESTIONS
-from mmchaos.tasks.answers import names_answer
 from mmchaos.targets.generation import GenerationParams
+from mmchaos.tasks.answers import names_answer
 
 __all__ = ["METHOD", "EchoJudgement", "Item", "Pass", "busting_params", "is_right", "judge_echoes", "rotations"]
 

@@ -172,10 +172,10 @@ class ImageCacheIsolation(Check[ImageCacheIsolationParams, ImageCacheIsolationGa
     ) -> Finding:  # fmt: skip
         echoes = len(text.echoes) + len(image.echoes)
         requests = sum(len(r.items) for r in passes)
-        metrics = {"requests": float(requests), "with_logprobs": 0.0,
-                   "echoes_same_text": float(len(text.echoes)), "echoes_same_image": float(len(image.echoes)),
-                   "echo_passes_same_text": float(text.echo_passes), "echo_passes_same_image": float(image.echo_passes),
-                   "testable_same_text": float(text.testable), "testable_same_image": float(image.testable)}  # fmt: skip
+        metrics = {"requests": float(requests), "with_logprobs": 0.0}
+        for name, j in (("same_text", text), ("same_image", image)):
+            metrics.update({f"echoes_{name}": float(len(j.echoes)), f"echo_passes_{name}": float(j.echo_passes),
+                            f"testable_{name}": float(j.testable)})  # fmt: skip
         evidence: dict[str, Any] = {
             "method": METHOD, "seed": ctx.seed, "echoes": [*text.echoes, *image.echoes][:10],
             "passes": [{"variant": r.variant, "order": [it.label for it in r.items],

@@ -103,7 +103,8 @@ class MultiTurnConsistency(Check[MultiTurnConsistencyParams, MultiTurnConsistenc
                    "distinct_last_answers": float(len({answer_key(c) for c in last_answers})),
                    "first_image_changes_last_answer": float(history_matters),
                    "with_logprobs": 1.0}  # fmt: skip
-        evidence: dict[str, Any] = {"method": "logprobs", "seed": ctx.seed, "first_question": p.first_question, "follow_up": p.follow_up,
+        evidence: dict[str, Any] = {"method": "logprobs", "seed": ctx.seed,
+                                    "first_question": p.first_question, "follow_up": p.follow_up,
                                     "opening_answer": opening[:80],
                                     "last_answers": [c.text[:80] for c in last_answers],
                                     "shared_pairs": [list(s) for s in shared]}  # fmt: skip
