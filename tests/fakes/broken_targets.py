@@ -340,6 +340,22 @@ def fp16_overflow() -> Any:
     return target
 
 
+def fp16_cancellation() -> Any:
+    """Broken in low precision, finite throughout: the first vision MLP adds 2,000 to every hidden
+    unit (fc1's bias) and fc2 takes it away again (its bias), so in fp32 the layer computes what it
+    did; in fp16 (resolution 1-2 near 2,000) and bf16 the signal riding on the offset is rounded
+    away, and fc2's output is mostly error. No value comes near fp16's 65504."""
+    import torch
+
+    target = _hf(uri="py:tests.fakes.broken_targets:fp16_cancellation")
+    mlp = target.model.vision_model.encoder.layers[0].mlp
+    offset = 2000.0
+    with torch.no_grad():
+        mlp.fc1.bias.add_(offset)
+        mlp.fc2.bias.sub_(mlp.fc2.weight.sum(dim=1) * offset)
+    return target
+
+
 def _tokenize_with(target: Any, max_length: int, drop_eos: bool = False) -> Any:
     def tokenize(texts: Sequence[str]) -> dict[str, Any]:
         enc = target.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")

@@ -21,10 +21,13 @@ from mmchaos.targets.base import Capability, Target
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from contextlib import AbstractContextManager
 
     from mmchaos.data.base import Dataset
     from mmchaos.executors import Executor, UnitFn, UnitJournal
-    from mmchaos.resources import RunResources
+    from mmchaos.executors.isolated import JournaledRunner
+    from mmchaos.executors.jobs import Handler, WorkerSpec
+    from mmchaos.executors.resources import RunResources
 
 __all__ = [
     "ANY_MODALITY",
@@ -84,7 +87,13 @@ class NullProgress:
 
 @dataclass
 class CheckContext:
-    """Everything a check may use: the target, the data, a seeded generator and a progress sink."""
+    """Everything a check may use: the target, the data, a seeded generator and a progress sink.
+
+    It is also a check's one way to the execution layer (:mod:`mmchaos.executors`): work units go
+    through :meth:`map_units`, jobs that need an isolated worker process through :meth:`isolated`.
+    Either way they run on the run's executor (here, or ``--executor ray``) and are journaled, so
+    ``--resume`` reads back what had finished.
+    """
 
     target: Target
     dataset: Dataset
@@ -126,6 +135,42 @@ class CheckContext:
             executor, fn, shared, units, keys=keys, encode=encode, decode=decode, journal=self.journal,
             what=f"{self.check_id} units", clock=clock_of(self.target),
         )  # fmt: skip
+
+    def isolated(
+        self,
+        handler: Handler,
+        spec: WorkerSpec,
+        *,
+        workers: int,
+        start_timeout: float,
+        overlay: dict[str, Any] | None = None,
+        in_process: bool = False,
+    ) -> AbstractContextManager[JournaledRunner]:
+        """Worker processes that load the target by ``spec`` and run ``handler(target, spec, payload)``
+        jobs, surviving the target's crashes and hangs: the run's shared pool of ``workers`` processes
+        (``--executor ray``: a pool on each actor), or with ``in_process`` this process (for a target
+        that cannot be loaded by URI). Jobs given keys are journaled. ``overlay``: spec fields of this
+        check's jobs (context, accepted errors). Entering raises :class:`~mmchaos.errors.TargetLoadError`
+        when the workers cannot load the target.
+        """
+        from mmchaos.executors.isolated import open_isolated
+        from mmchaos.targets.wrappers import unwrap
+        from mmchaos.timing import clock_of
+
+        return open_isolated(
+            spec, handler, workers=workers, start_timeout=start_timeout, overlay=overlay, executor=self.executor,
+            resources=self.resources, journal=self.journal, clock=clock_of(self.target),
+            in_process=unwrap(self.target) if in_process else None, what=f"{self.check_id} jobs",
+        )  # fmt: skip
+
+    def prefetch_isolated(self, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
+        """Start now, in the background, the worker pool :meth:`isolated` will give (a check's
+        ``prepare``); nothing when the check runs alone or its jobs go to a Ray executor."""
+        from mmchaos.executors.isolated import prefetch_isolated
+
+        prefetch_isolated(
+            spec, workers=workers, start_timeout=start_timeout, executor=self.executor, resources=self.resources
+        )
 
 
 def seeded_rng(seed: int, check_id: str, *stream: int | str) -> np.random.Generator:

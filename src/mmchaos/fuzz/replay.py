@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos.errors import ConfigError, DataError
+from mmchaos.executors.jobs import WorkerSpec
+from mmchaos.executors.pool import InProcessRunner, start_pool
 from mmchaos.fuzz.signature import Judgement, judge
 from mmchaos.fuzz.worker import fuzz_job
-from mmchaos.isolation import InProcessRunner, WorkerSpec, start_pool
 
 __all__ = ["kind_of", "replay_command", "replay_input"]
 

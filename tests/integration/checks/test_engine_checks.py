@@ -67,6 +67,25 @@ def test_precision_names_the_layer_that_overflows_in_fp16(model_dir: Path) -> No
     assert bf16.evidence.get("nonfinite_origin") is None, "bf16 has fp32's range: no overflow"
 
 
+def test_precision_names_the_layer_where_error_grows_when_nothing_overflows(model_dir: Path) -> None:
+    """Every value stays finite, so no NaN origin names a module; the per-layer errors against fp32
+    still name the MLP whose offset cancellation loses the signal (issue 25, item 4)."""
+    findings = _run(Precision(PrecisionParams(samples=8, dtypes=["float16"])), bt.fp16_cancellation())
+    [fp16] = findings
+    assert fp16.verdict == Verdict.FAIL and "nonfinite_origin" not in fp16.evidence
+    layers = fp16.evidence["layer_error"]
+    assert layers["growth"]["module"] == "vision_model.encoder.layers.0.mlp.fc2", layers["largest_growth"]
+    assert layers["growth"]["output_error"] > 10 * layers["growth"]["input_error"]
+    assert "error grows most at module 'vision_model.encoder.layers.0.mlp.fc2'" in fp16.title
+
+
+def test_precision_reports_per_layer_error_on_a_clean_model_too(model_dir: Path) -> None:
+    [fp16] = _run(Precision(PrecisionParams(samples=8, dtypes=["float16"])), bt.tiny_clip())
+    layers = fp16.evidence["layer_error"]
+    assert fp16.verdict == Verdict.PASS and layers["modules_compared"] > 20
+    assert layers["final_output_error"] < 0.05 and not layers["truncated"]
+
+
 def test_cast_module_restores_the_original_tensors() -> None:
     import torch
 

@@ -368,7 +368,6 @@ def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
     assert_torn_down(exp)
 
 
-@pytest.mark.check_contract("serving_overload", "broken")
 class QuarterSecondModel(HashEmbedTarget):
     """Correct, 250 ms per model call, one call at a time: alone a request takes ~250 ms, four at once
     wait ~1 s. The delay dominates the harness's own overhead, so the knee holds on a loaded machine
@@ -389,6 +388,7 @@ class QuarterSecondModel(HashEmbedTarget):
             return super().embed_texts(texts)
 
 
+@pytest.mark.check_contract("serving_overload", "broken")
 def test_overload_fails_when_the_knee_is_below_the_required_concurrency() -> None:
     from mmchaos.checks.serving.overload import ServingOverload
 

@@ -105,7 +105,7 @@ def test_thread_safety_reports_exceptions_with_their_trace() -> None:
 
 
 def test_worker_spec_overlays_the_targets_load_options() -> None:
-    from mmchaos.isolation import worker_spec
+    from mmchaos.executors.jobs import worker_spec
 
     target = bt.ContractSafeTarget()
     target.load_options = {"device": "cpu", "dtype": "float32"}

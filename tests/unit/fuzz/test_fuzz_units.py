@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from mmchaos.fuzz.formats import build_png, parse_ifd, parse_jpeg, parse_png, sniff
 from mmchaos.fuzz.minimise import MinimiseBudget, Minimiser
 from mmchaos.fuzz.mutators import MUTATORS, mutate
 from mmchaos.fuzz.seeds import corpus_seeds, format_seeds, shrink, text_seeds
 from mmchaos.fuzz.signature import judge
 from mmchaos.hostile import CorpusBase, get_case
-from mmchaos.isolation import ErrorInfo, JobResult
 
 IMG = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
 SEEDS = format_seeds(IMG)
@@ -279,9 +279,10 @@ def test_fuzz_replay_refuses_bad_usage_with_exit_code_2(tmp_path: object, capsys
 
 
 def _campaign(target: object, cases: int, seed: int = 0) -> object:
+    from mmchaos.executors.jobs import WorkerSpec
+    from mmchaos.executors.pool import InProcessRunner
     from mmchaos.fuzz import FuzzConfig, Fuzzer
     from mmchaos.fuzz.worker import fuzz_job
-    from mmchaos.isolation import InProcessRunner, WorkerSpec
 
     runner = InProcessRunner(target, WorkerSpec(uri="inprocess"), fuzz_job)
     config = FuzzConfig(max_cases=cases, max_seconds=120.0, minimise_tests=80)
