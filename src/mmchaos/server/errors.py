@@ -14,6 +14,7 @@ from mmchaos.errors import CapabilityError, MMChaosError, TargetCallError
 from mmchaos.guard.breaker import CallNotPermitted
 from mmchaos.guard.preflight import PreflightError
 from mmchaos.server.protocol import ErrorBody
+from mmchaos.targets.generation import TARGET_FAULT_CODES
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -90,8 +91,8 @@ def to_http_error(exc: BaseException) -> HTTPError:
         return HTTPError(503, exc.code, exc.message, headers={"Retry-After": str(wait)})
     if isinstance(exc, CapabilityError):
         return HTTPError(400, exc.code, exc.message)
-    if isinstance(exc, TargetCallError):  # the model refused this input with a typed error
-        return HTTPError(422, exc.code, exc.message)
+    if isinstance(exc, TargetCallError):  # the model refused this input, or failed on it itself
+        return HTTPError(500 if exc.code in TARGET_FAULT_CODES else 422, exc.code, exc.message)
     if isinstance(exc, BadModelOutput):
         return HTTPError(500, exc.code, str(exc))
     if isinstance(exc, MMChaosError):

@@ -31,7 +31,7 @@ from mmchaos.targets.generation import (
     cut_at_stop,
 )
 from mmchaos.targets.hub import directory_fingerprint, read_config
-from mmchaos.targets.vlm_processor import load_processor, render_chat
+from mmchaos.targets.vlm_processor import encode, load_processor, render_chat
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -66,6 +66,15 @@ def is_generative_config(config: dict[str, Any]) -> bool:
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def _processor_error(exc: BaseException, what: str) -> TargetCallError:
+    """A processor's ValueError is its refusal of the input (``processor_refused``, the request's
+    fault); any other exception (TypeError, AttributeError, ...) is the processor failing on a
+    request it should take (``processor_failed``, the target's fault: a server answers 500)."""
+    if isinstance(exc, ValueError):
+        return TargetCallError(f"the processor refused the {what}: {_one_line(exc)}", code="processor_refused")
+    return TargetCallError(f"the processor failed on the {what}: {_one_line(exc)}", code="processor_failed")
 
 
 class _StopOnText:
@@ -177,16 +186,26 @@ class HFVisionLanguageTarget(Target):
         messages = as_messages(prompt, images, max_pixels=self.max_image_pixels)
         text = self.render(messages)
         pictures = [img for m in messages for img in m.images()]
+        self._check_placeholders([text], [pictures])
         try:
-            if pictures:
-                batch = self.processor(text=[text], images=[pictures], return_tensors="pt")
-            else:
-                batch = self.processor(text=[text], return_tensors="pt")
+            batch = encode(self.processor, [text], [pictures], return_tensors="pt")
         except Exception as exc:  # processors raise ValueError, IndexError, TypeError, ...
-            raise TargetCallError(
-                f"the processor refused the request: {_one_line(exc)}", code="processor_refused"
-            ) from None
+            raise _processor_error(exc, "request") from None
         return {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+    def _check_placeholders(self, texts: Sequence[str], pictures: Sequence[Sequence[ImageArray]]) -> None:
+        """More image placeholders than images (a user who typed one) is the request's fault: refused
+        here, before the processor, whose error for it would not say whose fault it is."""
+        token = getattr(self.processor, "image_token", None)
+        if not isinstance(token, str) or not token:
+            return
+        for i, (text, imgs) in enumerate(zip(texts, pictures, strict=True)):
+            if text.count(token) > len(imgs):
+                where = f"request {i} of {len(texts)}: " if len(texts) > 1 else ""
+                raise TargetCallError(
+                    f"{where}the prompt has {text.count(token)} image placeholders ({token}) for {len(imgs)} images",
+                    code="processor_refused",
+                )
 
     def count_image_tokens(self, inputs: dict[str, Any]) -> int | None:
         """How many image placeholder tokens the processor put into ``inputs`` (None if unknown)."""
@@ -273,18 +292,21 @@ class HFVisionLanguageTarget(Target):
         chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
         texts = [self.render(c) for c in chats]
         pictures = [[img for m in c for img in m.images()] for c in chats]
+        self._check_placeholders(texts, pictures)
         try:
-            kwargs: dict[str, Any] = {"padding": True, "padding_side": self.padding_side, "return_tensors": "pt"}
-            if any(pictures):
-                batch = self.processor(text=texts, images=pictures, **kwargs)
-            else:
-                batch = self.processor(text=texts, **kwargs)
+            batch = encode(self.processor, texts, pictures, padding=True, padding_side=self.padding_side,
+                           return_tensors="pt")  # fmt: skip
         except Exception as exc:
-            raise TargetCallError(
-                f"the processor refused the batch: {_one_line(exc)}", code="processor_refused"
-            ) from None
+            raise _processor_error(exc, "batch") from None
         inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
         prompt_len = int(inputs["input_ids"].shape[1])
+        if len(chats) > 1:  # name the request that does not fit, not the padded batch
+            lengths = inputs["attention_mask"].sum(-1)
+            longest = int(lengths.argmax())
+            try:
+                self._check_context(int(lengths[longest]), params)
+            except TargetCallError as exc:
+                raise TargetCallError(f"request {longest} of {len(chats)}: {exc.message}", code=exc.code) from None
         gen_kwargs = self._generate_kwargs(params, prompt_len)
         gen_kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
@@ -405,7 +427,7 @@ class HFVisionLanguageTarget(Target):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         cls = type(self.processor)
-        processor = cls.__mro__[1].__name__ if cls.__name__ == "_ImagesOnly" else cls.__name__
+        processor = getattr(cls, "images_only_of", cls.__name__)
         out["model"] = {"architecture": self.architecture, "model_type": self.model_type, "processor": processor,
                         "image_token_id": self.image_token_id}  # fmt: skip
         return out
