@@ -171,6 +171,22 @@ def test_missing_weights_opt_in_loads_and_fingerprint_match_still_fails(tmp_path
     assert "35 weights" in f.title
 
 
+def test_white_box_image_attacks_skip_siglip2_patch_sequences_with_the_reason(tmp_path: Path) -> None:
+    """SigLIP 2 feeds images as flattened patch sequences (with a mask and grid shapes): the
+    white-box attacks that differentiate through a (B, 3, H, W) pixel grid skip it and say why
+    (semantic_margin used to crash on it: "size of tensor a (4) must match ... b (3)")."""
+    from mmchaos.checks.adversarial.semantic_margin import SemanticMargin, SemanticMarginParams
+    from mmchaos.checks.adversarial.whitebox import WhiteBox, WhiteBoxParams
+
+    target = HFContrastiveTarget(str(bm.build_siglip2(tmp_path / "siglip2")))
+    checks = (SemanticMargin(SemanticMarginParams(samples=4)),
+              WhiteBox(WhiteBoxParams(samples=2, eps=[8], steps=1, masking_queries=4)))  # fmt: skip
+    for check in checks:
+        [f] = _run(check, target)
+        assert f.verdict == Verdict.SKIPPED, (check.name, f.title)
+        assert "patch sequences" in f.title and "(1, 256, 768)" in f.title
+
+
 def test_siglip2_gets_everything_its_processor_returns(tmp_path: Path) -> None:
     target = HFContrastiveTarget(str(bm.build_siglip2(tmp_path / "siglip2")))
     images = [np.random.default_rng(i).integers(0, 256, (24 + 8 * i, 40, 3), dtype=np.uint8) for i in range(3)]
