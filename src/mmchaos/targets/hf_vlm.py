@@ -30,7 +30,7 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
-from mmchaos.targets.hub import directory_fingerprint, read_config
+from mmchaos.targets.hub import directory_fingerprint, quiet_transformers, read_config
 from mmchaos.targets.vlm_processor import encode, load_processor, render_chat
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
@@ -123,13 +123,14 @@ class HFVisionLanguageTarget(Target):
                 code="unsupported_architecture",
             )
         try:
-            model, info = transformers.AutoModelForImageTextToText.from_pretrained(
-                str(self.path),
-                trust_remote_code=trust_remote_code,
-                use_safetensors=use_safetensors,
-                local_files_only=True,
-                output_loading_info=True,
-            )
+            with quiet_transformers():  # its multi-line missing-weights table is ours to tell, in one line
+                model, info = transformers.AutoModelForImageTextToText.from_pretrained(
+                    str(self.path),
+                    trust_remote_code=trust_remote_code,
+                    use_safetensors=use_safetensors,
+                    local_files_only=True,
+                    output_loading_info=True,
+                )
         except Exception as exc:  # transformers raises many types, with multi-KB messages
             hint = " (weights are loaded from safetensors by default)" if use_safetensors else ""
             raise TargetLoadError(f"cannot load {self.architecture} from {self.path}: {_one_line(exc)}{hint}") from None
