@@ -13,6 +13,7 @@ model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -66,6 +67,14 @@ def is_generative_config(config: dict[str, Any]) -> bool:
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def _generate_requires_pixels(model: Any) -> bool:
+    try:
+        param = inspect.signature(model.generate).parameters.get("pixel_values")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def _processor_error(exc: BaseException, what: str) -> TargetCallError:
@@ -146,11 +155,15 @@ class HFVisionLanguageTarget(Target):
         self.tokenizer = self.processor.tokenizer
         if not getattr(self.processor, "chat_template", None):
             raise TargetLoadError(
-                f"{self.architecture} at {self.path} has no chat template (chat_template.jinja/json); "
-                "mmchaos renders requests only through the model's own template",
+                f"{self.architecture} at {self.path} has no chat template: neither its processor nor the directory "
+                "(chat_template.jinja/json) holds one. Families prompted with plain text (BLIP-2's "
+                "'Question: ... Answer:', Florence-2's task tokens) need one saved with the model: mmchaos renders "
+                "requests only through the model's own template, never a prompt form of its own",
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
+        self.requires_image = _generate_requires_pixels(self.model)
+        """Whether the model's ``generate`` takes no request without an image (BLIP-2's)."""
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         self.context_tokens: int | None = int(positions) if positions else None
         """The model's positions: a prompt plus ``max_new_tokens`` past them is refused, as vLLM does."""
@@ -165,10 +178,17 @@ class HFVisionLanguageTarget(Target):
     def _load_processor(self, trust_remote_code: bool) -> Any:
         return load_processor(self.path, trust_remote_code)
 
+    @property
+    def image_token(self) -> str | None:
+        """The processor's image placeholder text (BLIP-2's processor holds it as an ``AddedToken``)."""
+        token = getattr(self.processor, "image_token", None)
+        token = getattr(token, "content", token)
+        return token if isinstance(token, str) and token else None
+
     def _image_token_id(self) -> int | None:
         token_id = getattr(self.processor, "image_token_id", None)
         if token_id is None:
-            token = getattr(self.processor, "image_token", None)
+            token = self.image_token
             token_id = self.tokenizer.convert_tokens_to_ids(token) if token else None
         return int(token_id) if isinstance(token_id, int) else None
 
@@ -197,8 +217,8 @@ class HFVisionLanguageTarget(Target):
     def _check_placeholders(self, texts: Sequence[str], pictures: Sequence[Sequence[ImageArray]]) -> None:
         """More image placeholders than images (a user who typed one) is the request's fault: refused
         here, before the processor, whose error for it would not say whose fault it is."""
-        token = getattr(self.processor, "image_token", None)
-        if not isinstance(token, str) or not token:
+        token = self.image_token
+        if not token:
             return
         for i, (text, imgs) in enumerate(zip(texts, pictures, strict=True)):
             if text.count(token) > len(imgs):
@@ -235,6 +255,15 @@ class HFVisionLanguageTarget(Target):
 
         return seeded()
 
+    def _check_image_given(self, inputs: dict[str, Any]) -> None:
+        """A model whose ``generate`` cannot run without pixels (BLIP-2, InstructBLIP) refuses a
+        text-only request as the request's fault (``image_required``), before the model."""
+        if self.requires_image and inputs.get("pixel_values") is None:
+            raise TargetCallError(
+                f"{self.architecture} answers only requests with an image (its generate requires pixel_values)",
+                code="image_required",
+            )
+
     def _check_context(self, prompt_len: int, params: GenerationParams) -> None:
         if self.context_tokens is not None and prompt_len + params.max_new_tokens > self.context_tokens:
             raise TargetCallError(
@@ -269,6 +298,7 @@ class HFVisionLanguageTarget(Target):
         params = params or GenerationParams()
         inputs = self.build_inputs(prompt, images)
         prompt_len = int(inputs["input_ids"].shape[1])
+        self._check_image_given(inputs)
         kwargs = self._generate_kwargs(params, prompt_len)
         kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
@@ -308,6 +338,7 @@ class HFVisionLanguageTarget(Target):
                 self._check_context(int(lengths[longest]), params)
             except TargetCallError as exc:
                 raise TargetCallError(f"request {longest} of {len(chats)}: {exc.message}", code=exc.code) from None
+        self._check_image_given(inputs)
         gen_kwargs = self._generate_kwargs(params, prompt_len)
         gen_kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
@@ -340,6 +371,7 @@ class HFVisionLanguageTarget(Target):
         if params.n != 1:
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         inputs = self.build_inputs(prompt, images)
+        self._check_image_given(inputs)
         kwargs = self._generate_kwargs(params, int(inputs["input_ids"].shape[1]))
         streamer = transformers.TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         failure: list[BaseException] = []

@@ -273,6 +273,31 @@ def _paligemma(out: Path) -> None:
     processor.save_pretrained(out)
 
 
+def _blip2(out: Path) -> None:
+    """BLIP-2: a Q-Former's query tokens stand for the image (inserted by the processor, no
+    placeholder in the prompt), OPT text; ``generate`` requires pixels, and its processor does not
+    read the chat template file saved beside it."""
+    t = require("transformers")
+    tok = byte_tokenizer(["<image>"], bos="</s>", eos="</s>", pad="<pad>")
+    ids = tok.convert_tokens_to_ids
+    vision = {"hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+    qformer = {"hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 2 * HIDDEN, "encoder_hidden_size": HIDDEN, "vocab_size": 64}  # fmt: skip
+    text = t.OPTConfig(vocab_size=len(tok), hidden_size=HIDDEN, ffn_dim=2 * HIDDEN, num_hidden_layers=2,
+                       num_attention_heads=2, max_position_embeddings=256, word_embed_proj_dim=HIDDEN,
+                       bos_token_id=ids("</s>"), eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"))  # fmt: skip
+    config = t.Blip2Config(vision_config=vision, qformer_config=qformer, text_config=text.to_dict(),
+                           num_query_tokens=4, image_token_index=ids("<image>"))  # fmt: skip
+    t.Blip2ForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    image_processor = BlipImageProcessorPil(size={"height": 28, "width": 28})
+    t.Blip2Processor(image_processor=image_processor, tokenizer=tok, num_query_tokens=4).save_pretrained(out)
+    template = chat_template({"system": "", "user": "Question: ", "assistant": "Answer: "}, "", " ", "Answer:")
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+
+
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llava": _llava,
     "qwen2_vl": _qwen2_vl,
@@ -282,6 +307,7 @@ FAMILIES: dict[str, Callable[[Path], None]] = {
     "internvl": _internvl,
     "smolvlm2": _smolvlm2,
     "paligemma": _paligemma,
+    "blip2": _blip2,
 }
 
 

@@ -51,18 +51,43 @@ def load_processor(path: Path, trust_remote_code: bool = False) -> Any:
     transformers = require("transformers")
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     try:
-        return transformers.AutoProcessor.from_pretrained(str(path), **kwargs)
+        return with_saved_template(transformers.AutoProcessor.from_pretrained(str(path), **kwargs), path)
     except Exception as exc:
         first = exc
     second = ""
     if importlib.util.find_spec("torchvision") is None:
         try:
-            return _processor_without_video(path, transformers, kwargs)
+            return with_saved_template(_processor_without_video(path, transformers, kwargs), path)
         except TargetLoadError:
             pass  # not a processor with a video part: the first error is the one to tell
         except Exception as exc:  # the family's processor refuses to build (a missing package, ...)
             second = f"; built without its video part: {type(exc).__name__}: {_one_line(exc)}"
     raise TargetLoadError(f"cannot load the processor of {path}: {_one_line(first)}{second}") from None
+
+
+def saved_template(path: Path) -> str | None:
+    """The chat template saved in ``path`` (``chat_template.jinja``, else ``chat_template.json``)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        text = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if text.strip():
+            return text
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        value = json.loads((path / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def with_saved_template(processor: Any, path: Path) -> Any:
+    """``processor`` with the chat template saved beside it where it came back without one: some
+    processor classes (BLIP-2, InstructBLIP, Kosmos-2, Florence-2 in transformers 5) do not read
+    the template file their directory holds, though it is the model's."""
+    if not getattr(processor, "chat_template", None):
+        template = saved_template(path)
+        if template is not None:
+            with contextlib.suppress(AttributeError):
+                processor.chat_template = template
+    return processor
 
 
 def _processor_without_video(path: Path, transformers: Any, kwargs: dict[str, Any]) -> Any:

@@ -24,7 +24,9 @@ __all__ = ["PER_REQUEST_REFUSALS", "Answers", "CaptionCER", "GenerativeOCR", "VQ
 
 _GEN = frozenset({Capability.GENERATE})
 
-PER_REQUEST_REFUSALS = frozenset({"context_exceeded", "processor_refused", "bad_content_part", "image_too_large"})
+PER_REQUEST_REFUSALS = frozenset(
+    {"context_exceeded", "processor_refused", "bad_content_part", "image_too_large", "image_required"}
+)
 """Codes by which a target refuses one request it cannot take (too long once its images are
 expanded, an image its processor refuses): that request is answered with nothing and counted,
 never a reason to stop scoring the others."""
