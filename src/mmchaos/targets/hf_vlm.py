@@ -186,6 +186,13 @@ class HFVisionLanguageTarget(Target):
         return token if isinstance(token, str) and token else None
 
     def _image_token_id(self) -> int | None:
+        """The token the model replaces with image features: its config's (``image_token_id`` or
+        ``image_token_index``), else the processor's. They differ on Gemma 3, whose processor's
+        ``image_token_id`` is the start-of-image marker (one per image) and not the soft tokens."""
+        for key in ("image_token_id", "image_token_index"):
+            value = getattr(self.model.config, key, None)
+            if isinstance(value, int) and 0 <= value < len(self.tokenizer):
+                return value
         token_id = getattr(self.processor, "image_token_id", None)
         if token_id is None:
             token = self.image_token

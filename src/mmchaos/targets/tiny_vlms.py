@@ -298,6 +298,31 @@ def _blip2(out: Path) -> None:
     (out / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
+def _gemma3(out: Path) -> None:
+    """Gemma 3: SigLIP tower pooled to ``mm_tokens_per_image`` soft tokens; the prompt's placeholder
+    is the start-of-image marker, which the processor expands to the marker, the soft tokens and
+    the end-of-image marker (the processor's ``image_token_id`` is the marker's, not the soft token's)."""
+    t = require("transformers")
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tok = byte_tokenizer(["<start_of_turn>", "<end_of_turn>"], bos="<bos>", eos="<eos>", pad="<pad>", named=named)
+    ids = tok.convert_tokens_to_ids
+    text = t.Gemma3TextConfig(**_llama(len(tok), head_dim=16, query_pre_attn_scalar=16, sliding_window=64,
+                                       bos_token_id=ids("<bos>"), eos_token_id=ids("<eos>"),
+                                       pad_token_id=ids("<pad>")))  # fmt: skip
+    config = t.Gemma3Config(text_config=text, vision_config=_siglip_vision(t), mm_tokens_per_image=4,
+                            boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"),
+                            image_token_index=ids("<image_soft_token>"))  # fmt: skip
+    config.pad_token_id = ids("<pad>")
+    t.Gemma3ForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    image_processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
+    roles = {"system": "<start_of_turn>user\n", "user": "<start_of_turn>user\n", "assistant": "<start_of_turn>model\n"}
+    template = chat_template(roles, "<start_of_image>", "<end_of_turn>\n", "<start_of_turn>model\n")
+    t.Gemma3Processor(image_processor=image_processor, tokenizer=tok, image_seq_length=4,
+                      chat_template=template).save_pretrained(out)  # fmt: skip
+
+
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llava": _llava,
     "qwen2_vl": _qwen2_vl,
@@ -308,6 +333,7 @@ FAMILIES: dict[str, Callable[[Path], None]] = {
     "smolvlm2": _smolvlm2,
     "paligemma": _paligemma,
     "blip2": _blip2,
+    "gemma3": _gemma3,
 }
 
 

@@ -128,3 +128,17 @@ def test_family_loads_checks_and_serves(family: str, tiny_vlm_dirs: Any) -> None
         assert text == target.generate("What colour is it?", [IMG], GenerationParams(max_new_tokens=4)).text
     finally:
         target.close()
+
+
+def test_gemma3_counts_the_soft_tokens_each_image_becomes_not_its_marker(tiny_vlm_dirs: Any) -> None:
+    """Gemma 3's processor names the start-of-image marker as its image token (one per image); the
+    model replaces ``mm_tokens_per_image`` soft tokens with features: those are the image tokens."""
+    target = load_target(f"hf:{tiny_vlm_dirs('gemma3')}")
+    try:
+        assert isinstance(target, HFVisionLanguageTarget)
+        per_image = target.model.config.mm_tokens_per_image
+        one = target.generate("What is it?", [IMG], GenerationParams(max_new_tokens=1))
+        two = target.generate("Compare them.", [IMG, IMG], GenerationParams(max_new_tokens=1))
+        assert (one.extra["image_tokens"], two.extra["image_tokens"]) == (per_image, 2 * per_image)
+    finally:
+        target.close()
