@@ -304,7 +304,8 @@ def write(
         "## Batched path of the pointwise and noise kernels",
         "",
         "A batch of 64 images at severity 3: `replay(stack, record)` (one vectorised pass per cache-sized chunk) "
-        "against replaying each image alone with its own parameters (the same bytes: tests/unit/perturb/test_perturb_speed.py), "
+        "against replaying each image alone with its own parameters "
+        "(the same bytes: tests/unit/perturb/test_perturb_speed.py), "
         "and against calling the perturbation on one image at a time (`pert([image], 3, rng=i)`: a sample and a "
         "record each, as a harness looping over images would). A batch of noise shares one seed: item i's field is "
         "the stretch of that seed's stream after the fields of items 0 .. i-1 (its record holds the seed and that "

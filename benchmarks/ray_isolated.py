@@ -26,7 +26,7 @@ from mmchaos.checks.contract.contract import Contract, ContractParams
 from mmchaos.checks.contract.fuzz import ContractFuzz, ContractFuzzParams
 from mmchaos.data import load_dataset
 from mmchaos.executors.ray import RayExecutor
-from mmchaos.resources import RunResources
+from mmchaos.executors.resources import RunResources
 from mmchaos.runner import TimedTarget
 
 _MEASURED = re.compile(r"seconds|_s$|per_s|rss_growth|load_seconds")

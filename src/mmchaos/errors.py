@@ -4,6 +4,12 @@ Every error a user can meet carries a stable ``code`` (a short snake_case string
 HTTP layers can switch on) and a one-line message. The CLI maps :class:`UsageError` and its
 children to exit code 2; anything else escaping a check becomes an ``error`` finding instead.
 
+Every code mmchaos raises is an entry of :data:`mmchaos.error_codes.CODES` (its one HTTP status and
+meaning), which :attr:`MMChaosError.http_status` reads. Codes are checked against the table by
+``tests/unit/runs/test_error_codes.py`` (a scan of the sources), not at construction: a third-party plugin's
+own code, or a remote endpoint's passed through, must never crash a run; such a code answers with
+the status of the nearest class whose default code is in the table.
+
 ::
 
     MMChaosError
@@ -29,6 +35,8 @@ what it uses).
 """
 
 from __future__ import annotations
+
+from mmchaos.error_codes import CODES
 
 __all__ = [
     "CapabilityError",
@@ -57,6 +65,19 @@ class MMChaosError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else self.code
+
+    @property
+    def http_status(self) -> int:
+        """The status a server answers this error with: its code's, from the table; for a code the
+        table lacks (a plugin's), that of the nearest class whose own default code it has."""
+        entry = CODES.get(self.code)
+        if entry is not None:
+            return entry.status
+        for cls in type(self).__mro__:
+            default = CODES.get(cls.__dict__.get("code", ""))
+            if default is not None:
+                return default.status
+        return 500
 
 
 class UsageError(MMChaosError, ValueError):

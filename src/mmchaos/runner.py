@@ -12,19 +12,19 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from mmchaos import __version__
 from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSink
 from mmchaos.data import Dataset, load_dataset
-from mmchaos.errors import DataError, StoreError
+from mmchaos.errors import ConfigError, DataError, StoreError
 from mmchaos.executors import Executor, ExecutorSpec, LazyExecutor, StoreJournal, TargetSpec, open_executor
+from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Severity, Verdict
-from mmchaos.resources import RunResources
 from mmchaos.store import RunRecord, RunStore, new_run_id
 from mmchaos.suites import SuiteSpec, build_checks
-from mmchaos.targets import Target, TargetOptions, load_target
+from mmchaos.targets import Target, TargetOptions, load_target, resolve_target_options
 from mmchaos.targets.base import Capability
 from mmchaos.targets.wrappers import DelegatingTarget
 from mmchaos.timing import ModelClock
@@ -39,9 +39,25 @@ NOT_RUN_CODES = frozenset({"processor_unfit"})
 """Error codes that mean "this check cannot run on the pipeline as shipped", not "the target broke"."""
 
 
+LEGACY_OPTION_DEFAULTS: dict[str, Any] = {
+    "trust_remote_code": False,
+    "use_safetensors": True,
+    "device": "cpu",
+    "model": None,
+    "allow_remote": False,
+    "allow_missing_weights": False,
+    "threads": None,
+}
+"""The one options bag runs stored before per-scheme options (``config["options"]``) held, with its
+defaults: a stored value equal to its default was never given, so it is dropped on migration."""
+
+
 @dataclass
 class RunConfig:
-    """Everything that determines a run; stored with it so a resume uses the same inputs."""
+    """Everything that determines a run; stored with it so a resume uses the same inputs.
+
+    ``options`` are the target options as given (checked against the scheme when the target
+    loads); they are stored as ``target_options``."""
 
     target: str
     suite: SuiteSpec
@@ -49,28 +65,53 @@ class RunConfig:
     seed: int | None = None
     options: TargetOptions = field(default_factory=TargetOptions)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, TargetOptions):  # a plain dict from a Python caller
+            self.options = TargetOptions(self.options)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "target": self.target,
             "suite": self.suite.model_dump(),
             "data": self.data,
             "seed": self.seed,
-            "options": asdict(self.options),
+            "target_options": self.options.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """The config of a stored run; a run stored before per-scheme options is migrated."""
+        if "target_options" in data:
+            options = dict(data["target_options"] or {})
+        else:
+            old = dict(data.get("options") or {})
+            options = {k: v for k, v in old.items() if LEGACY_OPTION_DEFAULTS.get(k, ...) != v}
         return cls(
             target=data["target"],
             suite=SuiteSpec.model_validate(data["suite"]),
             data=data.get("data"),
             seed=data.get("seed"),
-            options=TargetOptions(**data.get("options", {})),
+            options=TargetOptions(options),
         )
 
     @property
     def effective_seed(self) -> int:
         return self.seed if self.seed is not None else self.suite.seed
+
+
+def _resolved_options(config: RunConfig, run_id: str, resuming: bool) -> dict[str, Any]:
+    """The run's target options checked against the target's scheme (bad ones: exit 2 before any
+    work starts); for a stored run, options its scheme no longer takes refuse the resume."""
+    try:
+        return resolve_target_options(config.target, config.options).load_options
+    except ConfigError as exc:
+        if not resuming:
+            raise
+        raise StoreError(
+            f"run {run_id} was stored with target options that {config.target} no longer takes ({exc}); "
+            "start a new run instead of resuming",
+            code="store_options_outdated",
+        ) from None
 
 
 class RunObserver(Protocol):
@@ -178,6 +219,7 @@ def run_suite(
         raise ValueError("give a config or a run to resume")
     else:
         run_id = new_run_id()
+    load_options = _resolved_options(config, run_id, resume is not None)
     checks = build_checks(config.suite)
     pool: LazyExecutor | None = None
     if executor is not None and executor.kind != "local":
@@ -187,7 +229,7 @@ def run_suite(
         pool = LazyExecutor(where.kind, lambda: open_executor(where, TargetSpec(uri, options, data_spec)))
     resources = RunResources()  # one reference server, one worker pool, ... for the whole run
     try:
-        early = _prepare_early(checks, config, resources, pool) if resume is None else set()
+        early = _prepare_early(checks, config, load_options, resources, pool) if resume is None else set()
         target = load_target(config.target, config.options)
     except BaseException:
         resources.close()
@@ -261,7 +303,11 @@ _EARLY_SCHEMES = ("builtin", "hf", "onnx")
 
 
 def _prepare_early(
-    checks: list[tuple[str, AnyCheck]], config: RunConfig, resources: RunResources, executor: Executor | None = None
+    checks: list[tuple[str, AnyCheck]],
+    config: RunConfig,
+    load_options: dict[str, Any],
+    resources: RunResources,
+    executor: Executor | None = None,
 ) -> set[Any]:
     """Let checks start what they share (the worker pool: interpreters importing torch and loading the
     model) while this process loads the target, on a stand-in with the run's URI and options.
@@ -272,7 +318,7 @@ def _prepare_early(
         return set()
     standin = Target()
     standin.uri = config.target
-    standin.load_options = asdict(config.options)
+    standin.load_options = dict(load_options)  # what load_target will record on the real target
     standin.capabilities = frozenset(Capability)
     nothing = cast("Dataset", None)  # prepare() must not touch the data (it has not been loaded yet)
     for check_id, check in checks:

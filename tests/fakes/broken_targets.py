@@ -60,11 +60,11 @@ class ContractSafeTarget(HashEmbedTarget):
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TargetCallError(f"text {i} is not a str", code="text_bad_type")
+                raise TargetCallError(f"text {i} is not a str", code="bad_text_type")
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise TargetCallError(f"text {i} is not valid Unicode: {exc.reason}", code="text_invalid") from exc
+                raise TargetCallError(f"text {i} is not valid Unicode: {exc.reason}", code="bad_utf8") from exc
             if not t.split():
                 raise TargetCallError(f"text {i} is empty", code="text_empty")
         return super().embed_texts([t[:4096] for t in texts])
@@ -337,6 +337,22 @@ def fp16_overflow() -> Any:
     with torch.no_grad():
         fc2.weight.mul_(2e5 / peak[0])
         fc2.bias.mul_(2e5 / peak[0])
+    return target
+
+
+def fp16_cancellation() -> Any:
+    """Broken in low precision, finite throughout: the first vision MLP adds 2,000 to every hidden
+    unit (fc1's bias) and fc2 takes it away again (its bias), so in fp32 the layer computes what it
+    did; in fp16 (resolution 1-2 near 2,000) and bf16 the signal riding on the offset is rounded
+    away, and fc2's output is mostly error. No value comes near fp16's 65504."""
+    import torch
+
+    target = _hf(uri="py:tests.fakes.broken_targets:fp16_cancellation")
+    mlp = target.model.vision_model.encoder.layers[0].mlp
+    offset = 2000.0
+    with torch.no_grad():
+        mlp.fc1.bias.add_(offset)
+        mlp.fc2.bias.sub_(mlp.fc2.weight.sum(dim=1) * offset)
     return target
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mmchaos.isolation import WorkerSpec
+from mmchaos.executors.jobs import WorkerSpec
 from mmchaos.targets.base import Target
 from tests.fakes.broken_targets import ContractSafeTarget, HangOnTinyTarget, SegfaultOnCMYKTarget
 

@@ -20,6 +20,11 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   ``n`` and ``logprobs`` (no logprobs in the answer) and nests errors with ``code: null``;
   ``"litellm"`` takes ``image_url`` as an object or as a bare data-URL string and sends the status
   as a string ``code``.
+- ``dies_on_side``: a deliberately broken engine: one image with a side larger than this kills it,
+  and every later embeddings request answers 500 (0: never).
+
+Images it cannot decode (truncated, garbage, bombs) and bodies that are not JSON objects get a typed
+400, as a correct server answers them.
 
 Embeddings: an image is ``[mean R, mean G, mean B, 1]`` of its decoded pixels / 255, a text a
 hash-derived vector, so answers depend on pixels (not on the PNG's bytes) and on text exactly.
@@ -52,12 +57,22 @@ def _pixels(url: str) -> np.ndarray:
     head, _, payload = url.partition(",")
     if not head.startswith("data:image/") or ";base64" not in head:
         raise ValueError("not an image data URL")
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB"), dtype=np.float32)
+    try:
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB"), dtype=np.float32)
+    except Exception as exc:  # a correct server refuses what it cannot decode (bombs included): a 400
+        raise ValueError(f"cannot decode the image: {type(exc).__name__}") from None
 
 
-def image_vector(url: str) -> list[float]:
+def image_vector(url: str, config: FakeConfig | None = None) -> list[float]:
     px = _pixels(url)
+    if config is not None and config.dies_on_side and max(px.shape[:2]) > config.dies_on_side:
+        config.dead = True
+        raise _EngineDead
     return [*(px.reshape(-1, 3).mean(0) / 255.0).tolist(), 1.0]
+
+
+class _EngineDead(Exception):
+    """The broken engine's illegal memory access: the request, and every later one, answers 500."""
 
 
 def text_vector(text: str) -> list[float]:
@@ -82,6 +97,9 @@ class FakeConfig:
     stream_fault: str = ""
     """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
     flavour: str = "openai"
+    dies_on_side: int = 0
+    """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
+    dead: bool = False
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -106,9 +124,11 @@ class _Handler(BaseHTTPRequestHandler):
                                        "param": None, "code": status})  # fmt: skip
         if flavour == "tgi":
             return self._send(422 if status == 400 else status, {"error": message, "error_type": "validation"})
-        code: Any = {"ollama": None, "litellm": str(status)}.get(flavour, "bad_request")
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                      "code": code}})  # fmt: skip
+        kind, default = (
+            ("server_error", "internal_error") if status >= 500 else ("invalid_request_error", "bad_request")
+        )
+        code: Any = {"ollama": None, "litellm": str(status)}.get(flavour, default)
+        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
 
     def _models(self) -> list[str]:
         model = self.server.config.model
@@ -122,25 +142,38 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "not found")
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        self.server.config.requests.append({"path": self.path, "body": body})
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise TypeError("the body is not a JSON object")
+            self.server.config.requests.append({"path": self.path, "body": body})
             if self.path == "/v1/embeddings":
                 self._embeddings(body)
             elif self.path == "/v1/chat/completions" and self.server.config.chat:
                 self._chat(body)
             else:
                 self._error(404, "not found")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._error(400, f"bad request: {exc}")
 
     def _embeddings(self, body: dict[str, Any]) -> None:
-        forms = self.server.config.image_forms
+        config = self.server.config
+        if config.dead:
+            return self._error(500, "CUDA error: an illegal memory access was encountered")
+        try:
+            self._embed(body)
+        except _EngineDead:
+            self._error(500, "CUDA error: an illegal memory access was encountered")
+
+    def _embed(self, body: dict[str, Any]) -> None:
+        config = self.server.config
+        forms = config.image_forms
         if "messages" in body:
             if "messages" not in forms:
                 return self._error(400, "messages are not supported for embeddings")
             parts = body["messages"][0]["content"]
-            vectors = [image_vector(p["image_url"]["url"]) for p in parts if p.get("type") == "image_url"]
+            vectors = [image_vector(p["image_url"]["url"], config) for p in parts if p.get("type") == "image_url"]
         else:
             items = body["input"] if isinstance(body["input"], list) else [body["input"]]
             vectors = []
@@ -148,13 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(item, dict):
                     if "input_parts" not in forms:
                         return self._error(400, "input must be strings")
-                    vectors.append(image_vector(item["image_url"]["url"]))
+                    vectors.append(image_vector(item["image_url"]["url"], config))
                 elif "data_url" in forms and item.startswith("data:image/"):
-                    vectors.append(image_vector(item))
+                    vectors.append(image_vector(item, config))
                 else:
                     vectors.append(text_vector(item))  # a text server embeds a data URL as text
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
-        self._send(200, {"object": "list", "data": data, "model": self.server.config.model})
+        self._send(200, {"object": "list", "data": data, "model": config.model})
 
     def _chat(self, body: dict[str, Any]) -> None:
         flavour = self.server.config.flavour

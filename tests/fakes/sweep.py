@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from PIL import Image
 
 from mmchaos.data.base import Dataset, Sample
 from mmchaos.targets.base import Target
+from tests.fakes.broken_targets import ContractSafeTarget
 from tests.fakes.targets import HashEmbedTarget
 
 
@@ -85,3 +88,36 @@ def sorted_class_folder(root: Path, classes: dict[str, tuple[int, int, int]], pe
             img[i % 16, :, :] = 255 - img[i % 16, :, :]  # each file its own bytes
             Image.fromarray(img).save(root / name / f"{i:03d}.png")
     return root
+
+
+class KillsTheDriverFromAWorker(ContractSafeTarget):
+    """Correct, but with ``MMCHAOS_TEST_KILL_PARENT_AT=N`` set, its ``N``-th call in an isolated worker
+    process (a ``python -c`` interpreter) SIGKILLs the worker's parent: the driver of a local run,
+    killed mid-way through the cross-process batches of ``determinism`` (resume tests)."""
+
+    uri = "py:tests.fakes.sweep:kills_the_driver_from_a_worker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def _count(self) -> None:
+        at = os.environ.get("MMCHAOS_TEST_KILL_PARENT_AT")
+        if at is None or sys.argv[:1] != ["-c"]:
+            return
+        self.calls += 1
+        if self.calls >= int(at):
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        self._count()
+        return super().embed_images(images)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        self._count()
+        return super().embed_texts(texts)
+
+
+def kills_the_driver_from_a_worker() -> Target:
+    return KillsTheDriverFromAWorker()

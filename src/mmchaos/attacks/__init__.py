@@ -1,7 +1,11 @@
 """Adversarial attacks: white-box FGSM/PGD on torch, task losses, and a black-box query attack.
 
-A library layer like :mod:`mmchaos.perturb`: it speaks to targets and never imports checks,
-chaos, server, cli, report or runner. Torch is imported inside the calls that need it.
+Also the machinery the step-3 checks run them with: a judge that scores attacked images through
+the target's public API (:mod:`~mmchaos.attacks.judge`), and the attacks cut into work units an
+executor runs anywhere (:mod:`~mmchaos.attacks.plan`, :mod:`~mmchaos.attacks.units`,
+:mod:`~mmchaos.attacks.vlm`). A library layer like :mod:`mmchaos.perturb`: it speaks to targets
+and never imports checks, executors, chaos, server, cli, report or runner (a unit names the
+worker it needs as a protocol). Torch is imported inside the calls that need it.
 """
 
 from __future__ import annotations

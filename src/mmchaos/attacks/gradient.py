@@ -21,7 +21,7 @@ from typing import Any, Literal
 from mmchaos._lazy import require
 from mmchaos.errors import ConfigError
 
-__all__ = ["EPS_MAX", "EPS_MIN", "AttackConfig", "AttackStats", "LossFn", "fgsm", "pgd"]
+__all__ = ["EPS_MAX", "EPS_MIN", "AttackConfig", "AttackStats", "LossFn", "eps_label", "eps_values", "fgsm", "pgd"]
 
 Tensor = Any
 LossFn = Callable[[Tensor], Tensor]
@@ -30,6 +30,17 @@ LossFn = Callable[[Tensor], Tensor]
 EPS_MIN = 1 / 255
 EPS_MAX = 16 / 255
 Norm = Literal["linf", "l2"]
+
+
+def eps_values(v: list[float]) -> list[float]:
+    """Eps given in grey levels (1..16, i.e. k/255), sorted and unique."""
+    if not v or any(not EPS_MIN * 255 - 1e-6 <= e <= EPS_MAX * 255 + 1e-6 for e in v):
+        raise ValueError("eps values are grey levels in [1, 16] (eps = level / 255)")
+    return sorted(set(float(e) for e in v))
+
+
+def eps_label(level: float) -> str:
+    return f"{level:g}/255"
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from urllib.parse import urlsplit
 from mmchaos.errors import ConfigError
 from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.openai_forms import ImageForm
 from mmchaos.targets.wrappers import DelegatingTarget, unwrap
 from mmchaos.timing import ModelClock, clock_of
 
 if TYPE_CHECKING:
+    from mmchaos.executors.resources import RunResources
     from mmchaos.proxy.thread import ProxyThread
-    from mmchaos.resources import RunResources
 
 R = TypeVar("R")
 
@@ -48,7 +49,7 @@ class _ClockRouter(DelegatingTarget):
 
 
 class SharedServer:
-    """The run's reference server over one in-process target and config (see :mod:`mmchaos.resources`)."""
+    """The run's reference server over one in-process target and config (see :mod:`mmchaos.executors.resources`)."""
 
     def __init__(self, target: Target, config: ServerConfig) -> None:
         from mmchaos.server import ServerThread
@@ -100,6 +101,9 @@ class Deployment:
         self.model = "default"
         self.auth: dict[str, str] = {}
         self.in_process = False
+        self.image_form: ImageForm = "messages"
+        """How images go to ``/embeddings`` here (:mod:`mmchaos.targets.openai_forms`)."""
+        self.image_form_source = "the reference server takes 'messages' and 'input'; vLLM's 'messages' is sent"
         self.events: list[dict[str, Any]] = []
         self._threads_before: set[int] = set()
         self._ports: list[tuple[str, int, str]] = []
@@ -125,6 +129,12 @@ class Deployment:
             self.root = f"{parts.scheme}://{parts.netloc}"
             self.prefix = parts.path.rstrip("/")
             self.model = self.target.model
+            self.image_form = self.target.image_input
+            source = str(self.target.probe.get("source", "declared"))
+            self.image_form_source = {
+                "probe": "probed by the openai: target (the first form whose answers depend on the pixels)",
+                "declared": "declared to the openai: target (image_input)",
+            }.get(source, f"the openai: target's {source}")
             key = os.environ.get(self.target.api_key_env)
             if key:
                 self.auth["Authorization"] = f"Bearer {key}"

@@ -27,9 +27,10 @@ import numpy as np
 from mmchaos import __version__
 from mmchaos.chaos.budget import ErrorInspector, RequestLedger, budgeted_transports
 from mmchaos.chaos.deployment import Deployment
-from mmchaos.chaos.payloads import good_mix
+from mmchaos.chaos.payloads import good_mix, traffic
 from mmchaos.chaos.sequential import stop_when_decided
 from mmchaos.chaos.spec import ExperimentContext, ServingParams
+from mmchaos.chaos.steady import explain_unmet
 from mmchaos.chaos.windows import Phase, WindowTracker
 from mmchaos.targets.base import Target
 
@@ -148,6 +149,7 @@ class Experiment:
             "proxy": self.dep.proxy is not None,
             "server_config": self.params.server.model_dump(mode="json") if self.dep.in_process else None,
         }
+        self.journal["experiment"]["traffic"] = traffic(self.ctx, self.dep, self.params.payload)
         self._mix = good_mix(self.ctx, self.dep, self.params.payload)
         return self
 
@@ -215,9 +217,10 @@ class Experiment:
         if self._tls is None:
             import httpx
 
-            from mmchaos.resources import shared
+            from mmchaos.executors.resources import shared
 
-            with shared(self.ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+            resources = getattr(self.ctx, "resources", None)
+            with shared(resources, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
                 self._tls = tls
         return self._tls
 
@@ -459,6 +462,8 @@ class Experiment:
                 },
             ],
         }
+        if not met:
+            self.journal["steady_states"][which].update(explain_unmet(ph, self.slo, before=which == "before"))
         if which == "after" and not met:
             self.journal["deviated"] = True
         return ph

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from mmchaos.errors import ConfigError, DataError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve_async
+from mmchaos.targets.openai_forms import ImageForm, embeddings_form, text_body
 
 if TYPE_CHECKING:
     import httpx
@@ -609,16 +610,22 @@ def embeddings_mix(
     large_side: int = 1024,
     long_text_words: int = 600,
     weights: Mapping[str, float] | None = None,
+    image_form: ImageForm = "messages",
 ) -> PayloadMix:
     """OpenAI-style ``/v1/embeddings`` requests from a dataset: small and large images, short and long texts.
 
-    Texts go as ``{"model", "input": text}``; images as vLLM's multimodal embeddings request,
-    ``{"model", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url":
-    {"url": "data:image/..."}}]}]}``: small ones as ``small_side`` px PNGs, large ones as
-    ``large_side`` px JPEGs. Bodies are encoded once, up front, from the first ``samples``
+    Texts go as ``{"model", "input": text}``; images one per request as ``data:`` URLs in
+    ``image_form`` (:mod:`mmchaos.targets.openai_forms`: vLLM's ``messages`` by default, ``input``
+    content parts, or data-URL strings in ``input``; pass the form the endpoint takes, as the
+    ``openai:`` target found it in ``image_input``): small ones as ``small_side`` px PNGs, large
+    ones as ``large_side`` px JPEGs. Bodies are encoded once, up front, from the first ``samples``
     samples, so the driver spends its time sending, not encoding. Kinds without data in the
     dataset are left out; ``weights`` (by kind) default to 1 each.
     """
+    try:
+        form = embeddings_form(image_form)
+    except ValueError as exc:
+        raise ConfigError(str(exc), code="config_invalid_load") from None
     chosen = list(dataset)[:samples]
     if not chosen:
         raise DataError(f"dataset {dataset.name} is empty", code="data_empty")
@@ -627,34 +634,16 @@ def embeddings_mix(
     if images:
         for kind, side, fmt in (("image_small", small_side, "png"), ("image_large", large_side, "jpeg")):
             bodies[kind] = [
-                json.dumps(
-                    {
-                        "model": model,
-                        "messages": [
-                            {
-                                "role": "user",
-                                "content": [
-                                    {"type": "image_url", "image_url": {"url": _data_url(s.load_image(), side, fmt)}}
-                                ],
-                            }
-                        ],
-                        "encoding_format": "float",
-                    }
-                ).encode()
-                for s in images
+                json.dumps(form.body(model, [_data_url(s.load_image(), side, fmt)])).encode() for s in images
             ]
     texts = [t for s in chosen for t in [s.caption or s.text or s.label] if t]
     if texts:
-        bodies["text_short"] = [
-            json.dumps({"model": model, "input": t, "encoding_format": "float"}).encode() for t in texts
-        ]
+        bodies["text_short"] = [json.dumps(text_body(model, t)).encode() for t in texts]
         long_texts = []
         for t in texts:
             words = t.split() or ["text"]
             long_texts.append(" ".join(words[i % len(words)] for i in range(long_text_words)))
-        bodies["text_long"] = [
-            json.dumps({"model": model, "input": t, "encoding_format": "float"}).encode() for t in long_texts
-        ]
+        bodies["text_long"] = [json.dumps(text_body(model, t)).encode() for t in long_texts]
     if not bodies:
         raise DataError(f"dataset {dataset.name} has neither images nor texts", code="data_empty")
     weights = dict(weights or {})

@@ -1,6 +1,11 @@
 """What an experiment sends: the good traffic mix, and hand-built image payloads (bombs, lying
 headers, large legitimate JPEGs) for the poison experiment.
 
+Every body that carries an image is built by :mod:`mmchaos.targets.openai_forms` in the deployment's
+image form (``Deployment.image_form``: what the ``openai:`` probe found the endpoint to take), so the
+harness's own traffic is never refused for its shape; :func:`traffic` says what was sent, for the
+journal.
+
 The hostile PNGs are built byte by byte (zlib + struct) rather than with PIL, because PIL refuses to
 write an image whose header lies about its size, and a bomb must stay kilobytes on the wire.
 """
@@ -21,6 +26,13 @@ import numpy as np
 from mmchaos.chaos.spec import ExperimentContext, PayloadSpec
 from mmchaos.errors import ConfigError
 from mmchaos.targets.base import Capability
+from mmchaos.targets.openai_forms import (
+    CHAT_IMAGE_FORM,
+    ImageForm,
+    chat_body,
+    chat_image_content,
+    embeddings_form,
+)
 
 if TYPE_CHECKING:
     import random
@@ -40,6 +52,7 @@ __all__ = [
     "gradient_jpeg",
     "image_request_body",
     "png_data_url",
+    "traffic",
 ]
 
 
@@ -74,25 +87,15 @@ def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> Payl
         raise DataError(f"dataset {ctx.dataset.name} is empty", code="data_empty")
     path = good_path(dep)
 
-    def body(content: object) -> bytes:
-        return json.dumps(
-            {
-                "model": dep.model,
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": spec.max_tokens,
-                "temperature": 0,
-            }
-        ).encode()
+    def body(content: str | list[dict[str, object]]) -> bytes:
+        return json.dumps(chat_body(dep.model, content, max_tokens=spec.max_tokens, temperature=0)).encode()
 
     bodies: dict[str, list[bytes]] = {}
     images = [s for s in chosen if s.image is not None or s.image_path is not None]
     if images:
         bodies["chat_image"] = [
             body(
-                [
-                    {"type": "image_url", "image_url": {"url": png_data_url(_png_bytes(s.load_image()))}},
-                    {"type": "text", "text": s.question or "What is in the picture?"},
-                ]
+                chat_image_content([png_data_url(_png_bytes(s.load_image()))], s.question or "What is in the picture?")
             )
             for s in images
         ]
@@ -138,17 +141,34 @@ def good_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> Payl
         samples=spec.samples,
         large_side=spec.large_side,
         weights=weights,
+        image_form=dep.image_form,
     )
 
 
-def image_request_body(model: str, url: str) -> bytes:
-    return json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
-            "encoding_format": "float",
-        }
-    ).encode()
+def _sends_images(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> bool:
+    if not ctx.dataset.has_images:
+        return False
+    if chats(dep):
+        return True
+    return Capability.EMBED_IMAGE in dep.capabilities and any(
+        spec.weights.get(k, 1.0) > 0 for k in ("image_small", "image_large")
+    )
+
+
+def traffic(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> dict[str, object]:
+    """What the good traffic is, for the journal: its endpoint, whether it carries images, and in
+    which image form and why that one."""
+    out: dict[str, object] = {"endpoint": good_path(dep), "images": _sends_images(ctx, dep, spec)}
+    if chats(dep):
+        out.update(image_form=CHAT_IMAGE_FORM, shape="messages[0].content: image_url and text parts")
+    else:
+        out.update(embeddings_form(dep.image_form).describe(), image_form_source=dep.image_form_source)
+    return out
+
+
+def image_request_body(form: ImageForm, model: str, url: str) -> bytes:
+    """One ``/embeddings`` request for the image at ``url`` in ``form`` (``Deployment.image_form``)."""
+    return json.dumps(embeddings_form(form).body(model, [url])).encode()
 
 
 def png_data_url(blob: bytes, mime: str = "image/png") -> str:

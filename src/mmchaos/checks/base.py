@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast, get_args, get_origin
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -21,10 +21,13 @@ from mmchaos.targets.base import Capability, Target
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from contextlib import AbstractContextManager
 
     from mmchaos.data.base import Dataset
     from mmchaos.executors import Executor, UnitFn, UnitJournal
-    from mmchaos.resources import RunResources
+    from mmchaos.executors.isolated import JournaledRunner
+    from mmchaos.executors.jobs import Handler, WorkerSpec
+    from mmchaos.executors.resources import RunResources
 
 __all__ = [
     "ANY_MODALITY",
@@ -84,7 +87,13 @@ class NullProgress:
 
 @dataclass
 class CheckContext:
-    """Everything a check may use: the target, the data, a seeded generator and a progress sink."""
+    """Everything a check may use: the target, the data, a seeded generator and a progress sink.
+
+    It is also a check's one way to the execution layer (:mod:`mmchaos.executors`): work units go
+    through :meth:`map_units`, jobs that need an isolated worker process through :meth:`isolated`.
+    Either way they run on the run's executor (here, or ``--executor ray``) and are journaled, so
+    ``--resume`` reads back what had finished.
+    """
 
     target: Target
     dataset: Dataset
@@ -127,6 +136,42 @@ class CheckContext:
             what=f"{self.check_id} units", clock=clock_of(self.target),
         )  # fmt: skip
 
+    def isolated(
+        self,
+        handler: Handler,
+        spec: WorkerSpec,
+        *,
+        workers: int,
+        start_timeout: float,
+        overlay: dict[str, Any] | None = None,
+        in_process: bool = False,
+    ) -> AbstractContextManager[JournaledRunner]:
+        """Worker processes that load the target by ``spec`` and run ``handler(target, spec, payload)``
+        jobs, surviving the target's crashes and hangs: the run's shared pool of ``workers`` processes
+        (``--executor ray``: a pool on each actor), or with ``in_process`` this process (for a target
+        that cannot be loaded by URI). Jobs given keys are journaled. ``overlay``: spec fields of this
+        check's jobs (context, accepted errors). Entering raises :class:`~mmchaos.errors.TargetLoadError`
+        when the workers cannot load the target.
+        """
+        from mmchaos.executors.isolated import open_isolated
+        from mmchaos.targets.wrappers import unwrap
+        from mmchaos.timing import clock_of
+
+        return open_isolated(
+            spec, handler, workers=workers, start_timeout=start_timeout, overlay=overlay, executor=self.executor,
+            resources=self.resources, journal=self.journal, clock=clock_of(self.target),
+            in_process=unwrap(self.target) if in_process else None, what=f"{self.check_id} jobs",
+        )  # fmt: skip
+
+    def prefetch_isolated(self, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
+        """Start now, in the background, the worker pool :meth:`isolated` will give (a check's
+        ``prepare``); nothing when the check runs alone or its jobs go to a Ray executor."""
+        from mmchaos.executors.isolated import prefetch_isolated
+
+        prefetch_isolated(
+            spec, workers=workers, start_timeout=start_timeout, executor=self.executor, resources=self.resources
+        )
+
 
 def seeded_rng(seed: int, check_id: str, *stream: int | str) -> np.random.Generator:
     """:meth:`CheckContext.rng` for code that runs away from the context (a work unit on a worker)."""
@@ -158,15 +203,42 @@ class Check(Generic[P, G]):
     """Base class: subclasses set the class attributes and implement :meth:`run`.
 
     Generic over its parameter and gate models, so ``self.params`` and ``self.gate`` have the
-    subclass's types: ``class Robustness(Check[RobustnessParams, RobustnessGate])``.
+    subclass's types: ``class Robustness(Check[RobustnessParams, RobustnessGate])``. The class
+    attributes ``Params`` and ``Gate`` (what suites validate against) are read from those generic
+    arguments when the subclass is defined; a check without either names ``CheckParams`` or
+    ``CheckGate``.
     """
 
     name: ClassVar[str] = ""
     step: ClassVar[Step]
     requires: ClassVar[tuple[frozenset[Capability], ...]] = ()
     """Alternatives: the check runs when the target has every capability of at least one set."""
-    Params: ClassVar[type[BaseModel]] = CheckParams
-    Gate: ClassVar[type[BaseModel]] = CheckGate
+    Params: ClassVar[type[BaseModel]]
+    """The parameter model, from ``Check[Params, Gate]`` (set by :meth:`__init_subclass__`)."""
+    Gate: ClassVar[type[BaseModel]]
+    """The gate model, from ``Check[Params, Gate]``."""
+    _models: ClassVar[tuple[object, object]]
+    """What ``Params`` and ``Gate`` are in this class: models, or type variables while it is generic."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params, gate = _generic_models(cls)
+        models = (cls.__dict__.get("Params", params), cls.__dict__.get("Gate", gate))
+        cls._models = models
+        still_generic = [m for m in models if isinstance(m, TypeVar)]
+        if still_generic and all(m in getattr(cls, "__parameters__", ()) for m in still_generic):
+            return  # a generic base of checks: its own subclasses name the models
+        wrong = [
+            f"{what} {'nothing' if isinstance(m, TypeVar) else repr(m)}"
+            for what, m in zip(("parameters", "gate"), models, strict=True)
+            if not (isinstance(m, type) and issubclass(m, BaseModel))
+        ]
+        if wrong:
+            raise TypeError(
+                f"check class {cls.__qualname__} must name its parameter and gate models as "
+                f"Check[ParamsModel, GateModel] (CheckParams/CheckGate for none); got {', '.join(wrong)}"
+            )
+        cls.Params, cls.Gate = cast("tuple[type[BaseModel], type[BaseModel]]", models)
 
     def __init__(self, params: P | None = None, gate: G | None = None) -> None:
         self.params: P = params if params is not None else cast(P, self.Params())
@@ -189,6 +261,22 @@ class Check(Generic[P, G]):
 
     def finding(self, ctx: CheckContext, verdict: Verdict, title: str, **kw: Any) -> Finding:
         return Finding(check=ctx.check_id, step=self.step, verdict=verdict, title=title, **kw)
+
+
+Check._models = (P, G)
+
+
+def _generic_models(cls: type) -> tuple[object, object]:
+    """``(Params, Gate)`` as the first check base of ``cls`` states them, its generic arguments
+    put in for the type variables that base is generic in."""
+    for base in cls.__dict__.get("__orig_bases__", cls.__bases__):
+        origin = get_origin(base) or base
+        if not (isinstance(origin, type) and issubclass(origin, Check)):
+            continue
+        bound = dict(zip(getattr(origin, "__parameters__", ()), get_args(base), strict=False))
+        params, gate = origin._models
+        return bound.get(params, params), bound.get(gate, gate)
+    return P, G  # unreachable for a subclass of Check: one of its bases is a check class
 
 
 AnyCheck = Check[Any, Any]

@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+from mmchaos.cli.target_flags import with_target_flags
+from mmchaos.targets.options import TargetOptions
+
 __all__ = ["register"]
 
 
@@ -14,6 +17,7 @@ def register(app: typer.Typer) -> None:
     """Add the ``export`` command to ``app``."""
 
     @app.command("export")
+    @with_target_flags
     def export(
         target: Annotated[str, typer.Argument(help="a white-box target URI: builtin:tiny-clip, hf:PATH")],
         directory: Annotated[Path, typer.Argument(help="where to write the ONNX files and preprocessing files")],
@@ -22,22 +26,16 @@ def register(app: typer.Typer) -> None:
         validate: Annotated[
             bool, typer.Option("--validate/--no-validate", help="compare ONNX Runtime with torch after export")
         ] = True,
-        trust_remote_code: Annotated[
-            bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
-        ] = False,
-        allow_pickle: Annotated[
-            bool, typer.Option("--allow-pickle-weights", help="let hf: targets load non-safetensors weights")
-        ] = False,
+        options: TargetOptions | None = None,
     ) -> None:
         """Export a white-box target to ONNX (dynamic batch/sequence axes) plus its tokenizer and processor."""
         from mmchaos.report.files import writable_dir
-        from mmchaos.targets import TargetOptions, load_target
+        from mmchaos.targets import load_target, resolve_target_options
         from mmchaos.targets.export import export_onnx
 
+        resolve_target_options(target, options)  # an option the scheme does not take: exit 2 now
         writable_dir(directory, "export folder")  # before loading the model, not after
-        loaded = load_target(
-            target, TargetOptions(trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle)
-        )
+        loaded = load_target(target, options)
         try:
             result = export_onnx(loaded, directory, opset=opset, overwrite=force, validate=validate)
         finally:

@@ -14,7 +14,9 @@ from typing import Annotated
 import typer
 
 from mmchaos.cli._common import out
+from mmchaos.cli.target_flags import with_target_flags
 from mmchaos.errors import DataError, UsageError
+from mmchaos.targets.options import TargetOptions
 
 __all__ = ["register"]
 
@@ -35,28 +37,39 @@ def _options(pairs: list[str] | None) -> dict[str, str | bool]:
     return options
 
 
-def fuzz_replay_command(
+def _fuzz_replay(
     file: Annotated[Path, typer.Argument(help="the saved reproducer (evidence/<check>-NN-min.<ext>)")],
     target: Annotated[str, typer.Option("--target", "-t", help="target URI the reproducer was found on")],
     kind: Annotated[str | None, typer.Option("--kind", help="image_bytes or text_bytes (default: by suffix)")] = None,
     expect: Annotated[str | None, typer.Option("--expect", help="the failure signature the finding recorded")] = None,
-    option: Annotated[list[str] | None, typer.Option("--option", help="target option key=value (repeatable)")] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--option", help="a target option key=value (repeatable; as the fuzz check's replay line writes)"),
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before the input counts as hung")] = 30.0,
     inprocess: Annotated[bool, typer.Option("--inprocess", help="run in this process (no worker isolation)")] = False,
+    options: TargetOptions | None = None,
 ) -> int:
     """Replay a fuzzing reproducer against a target: exit 1 if it still fails, 0 if it is handled."""
     if not file.is_file():
         raise DataError(f"no such reproducer file: {file}", code="data_missing_file")
     data = file.read_bytes()
     if file.name.endswith(".http.json"):
+        if options or option:
+            raise UsageError(
+                "a saved HTTP request is sent as it was: target options do not apply", code="config_invalid"
+            )
         return _replay_http(target, data)
     from mmchaos.fuzz.replay import kind_of, replay_input
+    from mmchaos.targets import resolve_target_options
 
+    given = TargetOptions(_options(option)).merged(options or {})  # the flags win over --option pairs
+    resolve_target_options(target, given)  # an option the scheme does not take: exit 2 now
     verdict = replay_input(
         target,
         data,
         kind_of(file, kind),
-        options=dict(_options(option)),
+        options=given.to_dict(),
         timeout_s=timeout,
         isolation="inprocess" if inprocess else "subprocess",
     )
@@ -71,6 +84,10 @@ def fuzz_replay_command(
     else:
         out.print("reproduced", markup=False)
     return 1
+
+
+fuzz_replay_command = with_target_flags(_fuzz_replay)
+"""``mmchaos fuzz-replay`` with the shared target flags (:mod:`mmchaos.cli.target_flags`)."""
 
 
 def _replay_http(target: str, data: bytes) -> int:

@@ -144,7 +144,9 @@ def _read_text(path: Path) -> str:
     except FileNotFoundError as exc:
         raise DataError(f"input not found: {path}", code="data_missing_file") from exc
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path} is not valid UTF-8 ({exc.reason} at byte {exc.start})", code="data_bad_text") from exc
+        raise DataError(
+            f"{path} is not valid UTF-8 ({exc.reason} at byte {exc.start})", code="data_bad_encoding"
+        ) from exc
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc}", code="data_unreadable") from exc
 

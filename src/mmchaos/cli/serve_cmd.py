@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
+from mmchaos.cli.target_flags import with_target_flags
 from mmchaos.errors import ConfigError
+from mmchaos.targets.options import TargetOptions
 
 __all__ = ["register"]
 
@@ -23,7 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve_command)
 
 
-def serve_command(
+def _serve(
     target: Annotated[str, typer.Option("--target", "-t", help="target URI")] = "builtin:tiny-clip",
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="port (0: a free one)", min=0, max=65535)] = 8000,
@@ -60,17 +62,13 @@ def serve_command(
     no_guards: Annotated[
         bool, typer.Option("--no-guards", help="serve the bare target (benchmark baseline only)")
     ] = False,
-    trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
-    ] = False,
-    allow_missing_weights: Annotated[
-        bool,
-        typer.Option("--allow-missing-weights", help="let hf: targets load with weights left newly initialised"),
-    ] = False,
+    options: TargetOptions | None = None,
 ) -> None:
     """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
+    from mmchaos.targets import load_target, resolve_target_options
+
+    resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything starts
     from mmchaos.server import ServerConfig, contract_from_yaml, serve
-    from mmchaos.targets import TargetOptions, load_target
     from mmchaos.targets.threads import limit_blas_threads
 
     limit_blas_threads(1)  # the server's own numpy math (scores, drift): one BLAS thread (see the function)
@@ -91,9 +89,7 @@ def serve_command(
             raise ConfigError(f"--api-key-env {api_key_env}: the environment variable is not set")
         settings["api_keys"] = (key,)
     config = ServerConfig.build(**settings)
-    loaded = load_target(
-        target, TargetOptions(trust_remote_code=trust_remote_code, allow_missing_weights=allow_missing_weights)
-    )
+    loaded = load_target(target, options)
     try:
         guards = "guards off" if no_guards else "guards on"
 
@@ -105,3 +101,7 @@ def serve_command(
         serve(loaded, config, host=host, port=port, graceful_timeout=timeout + 5.0, on_ready=ready)
     finally:
         loaded.close()
+
+
+serve_command = with_target_flags(_serve)
+"""``mmchaos serve`` with the shared target flags (:mod:`mmchaos.cli.target_flags`), as ``validate`` takes them."""

@@ -8,6 +8,9 @@ from typing import Annotated
 import typer
 
 from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
+from mmchaos.cli.target_flags import with_target_flags
+from mmchaos.errors import ConfigError, StoreError
+from mmchaos.targets.options import TargetOptions
 
 __all__ = ["register", "validate_command"]
 
@@ -17,7 +20,7 @@ def register(app: typer.Typer) -> None:
     app.command("validate")(validate_command)
 
 
-def validate_command(
+def _validate(
     target: Annotated[str, typer.Option("--target", "-t", help="target URI")] = "builtin:tiny-clip",
     suite: Annotated[str, typer.Option("--suite", "-s", help="built-in suite name or YAML file")] = "prelaunch",
     data: Annotated[
@@ -27,30 +30,6 @@ def validate_command(
     store_path: StoreOpt = DEFAULT_STORE,
     seed: Annotated[int | None, typer.Option("--seed", help="override the suite's seed")] = None,
     resume: Annotated[str | None, typer.Option("--resume", help="resume run RUN (id, prefix or 'latest')")] = None,
-    trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="let hf: targets run code from the model repo")
-    ] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle-weights", help="let hf: targets load non-safetensors weights")
-    ] = False,
-    allow_missing_weights: Annotated[
-        bool,
-        typer.Option("--allow-missing-weights", help="let hf: targets load with weights left newly initialised"),
-    ] = False,
-    model: Annotated[str | None, typer.Option("--model", help="openai: targets: the served model name")] = None,
-    allow_remote: Annotated[
-        bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
-    ] = False,
-    threads: Annotated[
-        int | None,
-        typer.Option(
-            "--threads",
-            min=1,
-            help="torch intra-op threads in this process (default: 1 for the built-in tiny models, torch's own "
-            "for hf: models)",
-            show_default=False,
-        ),
-    ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="warnings fail the run too (exit 1)")] = False,
     executor: Annotated[
         str, typer.Option("--executor", help="where work units run: local, or ray (needs mmchaos\\[ray])")
@@ -61,8 +40,19 @@ def validate_command(
     workers: Annotated[
         int | None, typer.Option("--workers", help="--executor ray: target actors (default: the cluster's CPUs)")
     ] = None,
+    options: TargetOptions | None = None,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
+    from mmchaos.targets import resolve_target_options
+
+    if resume is not None and options:
+        raise ConfigError(
+            f"--resume {resume} runs with the target options the run was stored with; drop the target options "
+            f"({', '.join(sorted(options))})",
+            code="config_invalid",
+        )
+    if resume is None:
+        resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything runs
     from mmchaos.cli.progress import CheckProgress
     from mmchaos.cli.summary import print_summary
     from mmchaos.executors import ExecutorSpec
@@ -70,7 +60,6 @@ def validate_command(
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
-    from mmchaos.targets import TargetOptions
     from mmchaos.targets.threads import limit_blas_threads
 
     limit_blas_threads(1)  # the harness's own small matrix products: one BLAS thread (see the function)
@@ -79,6 +68,8 @@ def validate_command(
         from mmchaos.executors.ray import require_ray
 
         require_ray()  # not installed: a one-line error before any model loads
+    if resume is not None and not Path(store_path).exists():  # RunStore would create an empty one
+        raise StoreError(f"no run store at {store_path} to resume {resume!r} from (see --store)")
     prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
     config = None
     if resume is None:
@@ -87,14 +78,7 @@ def validate_command(
             suite=load_suite(suite),
             data=data,
             seed=seed,
-            options=TargetOptions(
-                trust_remote_code=trust_remote_code,
-                use_safetensors=not allow_pickle,
-                allow_missing_weights=allow_missing_weights,
-                model=model,
-                allow_remote=allow_remote,
-                threads=threads,
-            ),
+            options=options or TargetOptions(),
         )
     with RunStore(store_path) as store:
         err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
@@ -106,3 +90,7 @@ def validate_command(
         results = write_reports(store, result.run_id, out_dir, strict=strict)
     print_summary(out, results, out_dir)
     raise typer.Exit(results["summary"]["exit_code"])
+
+
+validate_command = with_target_flags(_validate)
+"""``mmchaos validate`` with the shared target flags (:mod:`mmchaos.cli.target_flags`)."""

@@ -46,7 +46,7 @@ _NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error)
 
 
 class ImageLoadError(DataError):
-    """An image that cannot be loaded; ``code`` says why (``image_truncated``, ``image_too_large``...)."""
+    """An image that cannot be loaded; ``code`` says why (``truncated_image``, ``image_too_large``...)."""
 
     code = "image_undecodable"
 
@@ -95,7 +95,7 @@ def _checked_header(fp: IO[bytes], name: str, max_pixels: int | None, max_side: 
         head = fp.read(8)
         raise ImageLoadError(f"not an image in a known format (starts {head!r})", code="image_undecodable") from exc
     except (OSError, ValueError, EOFError) as exc:
-        code = "image_truncated" if _truncated(exc) else "image_undecodable"
+        code = "truncated_image" if _truncated(exc) else "image_undecodable"
         raise ImageLoadError(f"corrupt image header: {exc}", code=code) from exc
     width, height = img.size
     problem = check_declared_size((height, width, working_channels(img.mode)), _limits(max_pixels, max_side))
@@ -126,7 +126,7 @@ def open_upright(
             except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
                 raise ImageLoadError(
                     f"cannot decode the {img.format} image: {exc}",
-                    code="image_truncated" if _truncated(exc) else "image_undecodable",
+                    code="truncated_image" if _truncated(exc) else "image_undecodable",
                 ) from exc
             try:
                 upright = ImageOps.exif_transpose(img) or img
@@ -154,7 +154,7 @@ def probe_image(
             except Exception as exc:  # Pillow's verify raises what the format's parser raises
                 raise ImageLoadError(
                     f"damaged {img.format} data: {exc}",
-                    code="image_truncated" if _truncated(exc) else "image_undecodable",
+                    code="truncated_image" if _truncated(exc) else "image_undecodable",
                 ) from exc
             return int(size[0]), int(size[1])
     finally:

@@ -23,8 +23,7 @@ from mmchaos.errors import ConfigError
 
 if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
-    from mmchaos.executors.isolated import JobRunner
-    from mmchaos.isolation import Handler, WorkerSpec
+    from mmchaos.executors.jobs import Handler, JobRunner, WorkerSpec
     from mmchaos.targets import TargetOptions
     from mmchaos.targets.base import Target
     from mmchaos.timing import ModelClock
@@ -91,12 +90,14 @@ class Executor(ABC):
         spec: WorkerSpec,
         handler: Handler,
         *,
+        workers: int = 1,
         overlay: Mapping[str, Any] | None = None,
         start_timeout: float = 300.0,
         clock: ModelClock | None = None,
     ) -> JobRunner | None:
         """Isolated worker processes for ``handler`` jobs on this executor's machines (contract cases,
-        fuzzed inputs), or None: the caller uses the run's local pool. See :mod:`mmchaos.executors.isolated`."""
+        fuzzed inputs, cross-process runs), or None: the caller uses the run's local pool. ``workers``
+        is how many processes a ``broadcast`` reaches. See :mod:`mmchaos.executors.isolated`."""
         return None
 
     def close(self) -> None:

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from mmchaos.executors.base import Executor, ExecutorSpec, TargetSpec, UnitFn
 
 if TYPE_CHECKING:
-    from mmchaos.executors.isolated import JobRunner
-    from mmchaos.isolation import Handler, WorkerSpec
+    from mmchaos.executors.jobs import Handler, JobRunner, WorkerSpec
     from mmchaos.timing import ModelClock
 
 __all__ = ["LazyExecutor", "open_executor"]
@@ -71,11 +70,14 @@ class LazyExecutor(Executor):
         spec: WorkerSpec,
         handler: Handler,
         *,
+        workers: int = 1,
         overlay: Mapping[str, Any] | None = None,
         start_timeout: float = 300.0,
         clock: ModelClock | None = None,
     ) -> JobRunner | None:
-        return self._open().isolated(spec, handler, overlay=overlay, start_timeout=start_timeout, clock=clock)
+        return self._open().isolated(
+            spec, handler, workers=workers, overlay=overlay, start_timeout=start_timeout, clock=clock
+        )
 
     def close(self) -> None:
         if self._inner is not None:

@@ -1,18 +1,20 @@
-"""Isolated jobs as keyed work units: contract cases and fuzz batches, wherever the run's executor runs.
+"""Isolated jobs as keyed work units: contract cases, fuzz batches and cross-process runs, on any executor.
 
 Contract cases and fuzzed inputs must run where a crash, a hang or a memory blow-up cannot take
-the run down: in worker processes (:mod:`mmchaos.isolation`) that are killed and replaced when a
-job kills them or does not answer in time. :func:`open_isolated` gives a check such a runner:
+the run down: in worker processes (:mod:`mmchaos.executors.pool`) that are killed and replaced
+when a job kills them or does not answer in time. :func:`open_isolated` gives a check (through
+:meth:`~mmchaos.checks.base.CheckContext.isolated`) such a runner:
 
-* local executor (the default): the run's shared worker pool, exactly as before;
-* Ray: every actor keeps a one-worker pool of its own (see :class:`~mmchaos.executors.ray.RayIsolatedPool`),
+* local executor (the default): the run's shared worker pool;
+* Ray: every actor keeps a pool of its own (see :class:`~mmchaos.executors.ray.RayIsolatedPool`),
   so the worker that a hostile input kills is the actor's child, with the same signal, the same
   faulthandler trace on stderr and the same memory limit as locally -- the outcome, detail and
-  failure signature of a job do not depend on the executor.
+  failure signature of a job do not depend on the executor;
+* in process (a target that cannot be loaded by URI): this process, with weaker isolation.
 
-Either way the runner is wrapped in a :class:`JournaledRunner`: a job passed with a key is
-committed to the run store the moment its result arrives, and a resumed run reads it back instead
-of running it again. Every keyed result goes through the JSON encoding (:func:`~mmchaos.isolation.encode_job`),
+Either way the runner is a :class:`JournaledRunner`: a job passed with a key is committed to the
+run store the moment its result arrives, and a resumed run reads it back instead of running it
+again. Every keyed result goes through the JSON encoding (:mod:`mmchaos.executors.codec`),
 computed now or read back, so both judge identical values.
 """
 
@@ -22,28 +24,22 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from mmchaos.isolation import Handler, JobResult, WorkerSpec, decode_job, encode_job, run_pool
+from mmchaos.executors.codec import decode_job, encode_job
+from mmchaos.executors.jobs import Handler, JobResult, JobRunner, WorkerSpec
+from mmchaos.executors.pool import InProcessRunner, prefetch_pool, shared_pool
 
 if TYPE_CHECKING:
+    from mmchaos.executors.base import Executor
     from mmchaos.executors.journal import UnitJournal
+    from mmchaos.executors.resources import RunResources
+    from mmchaos.timing import ModelClock
 
-__all__ = ["JobRunner", "JournaledRunner", "open_isolated"]
+__all__ = ["JournaledRunner", "open_isolated", "prefetch_isolated"]
 
 log = logging.getLogger(__name__)
-
-
-class JobRunner(Protocol):
-    """What runs isolated jobs: the run's pool (``PoolView``), a Ray pool, or an ``InProcessRunner``."""
-
-    @property
-    def replacements(self) -> int: ...
-
-    @property
-    def load_seconds(self) -> list[float]: ...
-
-    def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]: ...
 
 
 class JournaledRunner:
@@ -72,6 +68,11 @@ class JournaledRunner:
             self._have = self.journal.keys() if self.journal is not None else set()
         return self._have
 
+    def _commit(self, key: str, body: str) -> None:
+        if self.journal is not None:
+            self.journal.commit(key, body)
+            self._committed().add(key)
+
     def map(
         self, payloads: Sequence[Any], timeout: float, keys: Sequence[str] | None = None
     ) -> Iterator[tuple[int, JobResult]]:
@@ -94,39 +95,72 @@ class JournaledRunner:
         for j, job in self.inner.map([payloads[i] for i in todo], timeout):
             index = todo[j]
             body = json.dumps(encode_job(job))
-            if self.journal is not None:
-                self.journal.commit(keys[index], body)
-                self._committed().add(keys[index])
+            self._commit(keys[index], body)
             yield index, decode_job(json.loads(body))
+
+    def broadcast(self, payload: Any, timeout: float, key: str | None = None) -> list[JobResult]:
+        """``payload`` once in each worker process (one result per process); with ``key``, journaled
+        as one unit: a resumed run reads every process's result back, or runs them all again."""
+        if key is None:
+            return self.inner.broadcast(payload, timeout)
+        if key in self._committed() and self.journal is not None:
+            log.info("resume: %s %s read back from the store", self.what, key)
+            return [decode_job(body) for body in json.loads(self.journal.get(key))]
+        body = json.dumps([encode_job(job) for job in self.inner.broadcast(payload, timeout)])
+        self._commit(key, body)
+        return [decode_job(job) for job in json.loads(body)]
 
 
 @contextlib.contextmanager
 def open_isolated(
-    ctx: Any,
     spec: WorkerSpec,
     handler: Handler,
     *,
     workers: int,
     start_timeout: float,
     overlay: Mapping[str, Any] | None = None,
+    executor: Executor | None = None,
+    resources: RunResources | None = None,
+    journal: UnitJournal | None = None,
+    clock: ModelClock | None = None,
+    in_process: Any = None,
+    what: str = "jobs",
 ) -> Iterator[JournaledRunner]:
-    """Isolated workers for ``handler`` jobs on the run's executor, journaled in ``ctx.journal``.
+    """Isolated workers for ``handler`` jobs, journaled in ``journal``.
 
-    Local (``ctx.executor`` None): the run's shared pool of ``workers`` processes, as
-    :func:`~mmchaos.isolation.run_pool` gives it. Ray: a one-worker pool on each actor. Raises
+    ``in_process`` (a loaded target): this process. Else with an ``executor`` that has isolated
+    workers (Ray): a pool on each actor. Else the run's shared pool of ``workers`` processes from
+    ``resources`` (or one for this block when there are none). Raises
     :class:`~mmchaos.errors.TargetLoadError` when the workers cannot load the target.
     """
-    from mmchaos.timing import clock_of
-
-    what = f"{getattr(ctx, 'check_id', 'check')} jobs"
-    journal = getattr(ctx, "journal", None)
-    executor = getattr(ctx, "executor", None)
+    if in_process is not None:
+        inline = InProcessRunner(in_process, replace(spec, **dict(overlay or {})), handler)
+        yield JournaledRunner(inline, journal, what)
+        return
     if executor is not None:
         remote = executor.isolated(
-            spec, handler, overlay=overlay, start_timeout=start_timeout, clock=clock_of(getattr(ctx, "target", None))
+            spec, handler, workers=workers, overlay=overlay, start_timeout=start_timeout, clock=clock
         )
         if remote is not None:
             yield JournaledRunner(remote, journal, what)
             return
-    with run_pool(ctx, spec, handler, workers=workers, start_timeout=start_timeout, overlay=overlay) as view:
+    with shared_pool(
+        resources, spec, handler, workers=workers, start_timeout=start_timeout, overlay=overlay, clock=clock
+    ) as view:
         yield JournaledRunner(view, journal, what)
+
+
+def prefetch_isolated(
+    spec: WorkerSpec,
+    *,
+    workers: int,
+    start_timeout: float,
+    executor: Executor | None = None,
+    resources: RunResources | None = None,
+) -> None:
+    """Start, in the background, the local pool :func:`open_isolated` will use (a check's ``prepare``).
+
+    Nothing without run resources, and nothing with an executor: its jobs run on the executor's
+    workers then (started on first use), and a local pool would sit idle."""
+    if resources is not None and executor is None:
+        prefetch_pool(resources, spec, workers=workers, start_timeout=start_timeout)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mmchaos.executors.base import Executor, UnitFn
+from mmchaos.executors.codec import json_default
 
 if TYPE_CHECKING:
     from mmchaos.store import RunStore
@@ -57,13 +58,6 @@ class StoreJournal:
         self.store.commit_unit(self.run_id, self.check_id, key, body)
 
 
-def _json_default(value: Any) -> Any:
-    """numpy scalars and arrays as plain JSON numbers and lists."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"cannot encode {type(value).__name__} in a unit result")
-
-
 def run_units(
     executor: Executor,
     fn: UnitFn[S, U, R],
@@ -92,7 +86,7 @@ def run_units(
         if journal is not None and key in have:
             yield decode(json.loads(journal.get(key)))
             continue
-        body = json.dumps(encode(next(fresh)), default=_json_default)
+        body = json.dumps(encode(next(fresh)), default=json_default)
         if journal is not None:
             journal.commit(key, body)
         yield decode(json.loads(body))

@@ -23,7 +23,7 @@ from mmchaos.errors import ConfigError, MissingDependencyError, MMChaosError
 from mmchaos.executors.base import Executor, TargetSpec, UnitFn, Worker
 
 if TYPE_CHECKING:
-    from mmchaos.isolation import Handler, JobResult, WorkerSpec
+    from mmchaos.executors.jobs import Handler, JobResult, WorkerSpec
     from mmchaos.timing import ModelClock
 
 __all__ = ["RayExecutor", "RayIsolatedPool", "TargetActor", "require_ray"]
@@ -87,7 +87,7 @@ class TargetActor:
         self.spec = spec
         self._worker: Worker | None = None
         self._loaded: Any = None
-        self._pools: dict[str, Any] = {}  # pool key -> a one-worker WorkerPool (isolated jobs)
+        self._pools: dict[str, Any] = {}  # pool key -> a WorkerPool (isolated jobs)
 
     def worker(self) -> Worker:
         if self._worker is None:
@@ -111,15 +111,16 @@ class TargetActor:
         busy, target.busy = target.busy, []
         return value, busy
 
-    def start_pool(self, key: str, spec: WorkerSpec, start_timeout: float) -> tuple[str, Any]:
-        """A one-worker isolation pool for ``spec`` on this actor (kept for the run: contract and
-        contract_fuzz share it): ``("ready", load seconds)`` or ``("load_error", why)``."""
+    def start_pool(self, key: str, spec: WorkerSpec, start_timeout: float, workers: int = 1) -> tuple[str, Any]:
+        """An isolation pool of ``workers`` processes for ``spec`` on this actor (kept for the run:
+        contract and contract_fuzz share one): ``("ready", load seconds)`` or ``("load_error", why)``."""
         from mmchaos.errors import TargetLoadError
-        from mmchaos.isolation import dispatch_job, start_pool
+        from mmchaos.executors.jobs import dispatch_job
+        from mmchaos.executors.pool import start_pool
 
         if key not in self._pools:
             try:
-                self._pools[key] = start_pool(spec, dispatch_job, workers=1, start_timeout=start_timeout)
+                self._pools[key] = start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)
             except TargetLoadError as exc:
                 return "load_error", exc.message
         return "ready", max(self._pools[key].load_seconds, default=0.0)
@@ -131,6 +132,13 @@ class TargetActor:
         before = pool.replacements
         results = list(pool.map([job], timeout))
         return results[0][1], pool.replacements - before
+
+    def broadcast_job(self, key: str, job: tuple[Any, Any, Any], timeout: float) -> tuple[list[JobResult], int]:
+        """One job once in each worker of this actor's pool ``key`` (a cross-process comparison)."""
+        pool = self._pools[key]
+        before = pool.replacements
+        results = pool.broadcast(job, timeout)
+        return results, pool.replacements - before
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -245,11 +253,14 @@ class RayExecutor(Executor):
         spec: WorkerSpec,
         handler: Handler,
         *,
+        workers: int = 1,
         overlay: Mapping[str, Any] | None = None,
         start_timeout: float = 300.0,
         clock: ModelClock | None = None,
     ) -> RayIsolatedPool:
-        return RayIsolatedPool(self, spec, handler, overlay=overlay, start_timeout=start_timeout, clock=clock)
+        return RayIsolatedPool(
+            self, spec, handler, width=workers, overlay=overlay, start_timeout=start_timeout, clock=clock
+        )
 
     def replace_actor(self, index: int) -> Any:
         """Kill actor ``index`` (dead already, or stuck) and put a fresh one in its place; the new
@@ -288,7 +299,7 @@ ACTOR_GRACE_S = 30.0
 
 class RayIsolatedPool:
     """Isolated jobs on the Ray executor's actors: each actor runs them in a one-worker pool of its
-    own (:class:`~mmchaos.isolation.WorkerPool`), one job in flight per actor.
+    own (:class:`~mmchaos.executors.pool.WorkerPool`), one job in flight per actor.
 
     The actor's worker process is the one a hostile input kills or hangs; the actor's pool reports
     it (``crashed`` with the signal and the faulthandler trace, ``hung`` past the timeout) and
@@ -296,6 +307,10 @@ class RayIsolatedPool:
     executor. Should the actor itself die (a lost node, the actor killed) or not answer within the
     job's timeout plus a worker restart, the job is ``crashed`` or ``hung``, the actor is replaced
     and the other actors' jobs go on: every wait is bounded.
+
+    :meth:`broadcast` runs a job in each of ``width`` worker processes of the first actor (a pool of
+    that size, started on first use), as the local pool's broadcast does on one machine.
+    The actors' pools start when jobs first need them, so a check that only broadcasts starts none.
     """
 
     def __init__(
@@ -304,6 +319,7 @@ class RayIsolatedPool:
         spec: WorkerSpec,
         handler: Handler,
         *,
+        width: int = 1,
         overlay: Mapping[str, Any] | None = None,
         start_timeout: float = 300.0,
         clock: ModelClock | None = None,
@@ -311,19 +327,28 @@ class RayIsolatedPool:
         self.executor = executor
         self.spec = spec
         self.handler = handler
+        self.width = max(1, width)
         self.overlay = dict(overlay or {})
         self.start_timeout = start_timeout
         self.clock = clock
         self.key = json.dumps([spec.uri, spec.options, spec.threads, spec.memory_limit_mb], sort_keys=True, default=str)
         self.replacements = 0
         self.load_seconds: list[float] = []
-        self._usable = [self._start(i) for i in range(len(executor._actors))]
+        self._started: list[bool] | None = None
+        self._broadcasting = False
+
+    @property
+    def _usable(self) -> list[bool]:
+        """Which actors have a working pool (started on first use: raises if none can load the target)."""
+        if self._started is None:
+            self._started = [self._start(i) for i in range(len(self.executor._actors))]
+        return self._started
 
     @property
     def workers(self) -> int:
         return sum(self._usable)
 
-    def _start(self, index: int, *, replacing: bool = False) -> bool:
+    def _start(self, index: int, *, replacing: bool = False, key: str | None = None, workers: int = 1) -> bool:
         """Start (or find) the pool on actor ``index``; False when it cannot load the target."""
         from mmchaos.errors import TargetLoadError
 
@@ -331,7 +356,7 @@ class RayIsolatedPool:
         actor = self.executor._actors[index]
         try:
             status, info = ray.get(
-                actor.start_pool.remote(self.key, self.spec, self.start_timeout),
+                actor.start_pool.remote(key or self.key, self.spec, self.start_timeout, workers),
                 timeout=self.start_timeout + ACTOR_GRACE_S,
             )
         except Exception as exc:  # the actor died or did not answer
@@ -346,9 +371,46 @@ class RayIsolatedPool:
         log.warning("a replacement Ray actor failed to start its worker: %s", info)
         return False
 
+    def broadcast(self, payload: Any, timeout: float) -> list[JobResult]:
+        """``payload`` once in each of ``width`` worker processes on the first actor, in order.
+
+        Should that actor die or not answer within the timeout plus a worker restart, every copy is
+        ``crashed`` or ``hung`` and the actor is replaced (its pool starts again on the next call)."""
+        from mmchaos.executors.jobs import JobResult
+
+        ray = self.executor._ray
+        key = f"{self.key}/broadcast/{self.width}"
+        if not self._broadcasting:
+            self._start(0, key=key, workers=self.width)
+            self._broadcasting = True
+        bound = timeout + self.start_timeout + ACTOR_GRACE_S
+        began = time.monotonic()
+        ref = self.executor._actors[0].broadcast_job.remote(key, (self.handler, self.overlay, payload), timeout)
+        try:
+            results, replaced = ray.get(ref, timeout=bound)
+        except Exception as exc:  # the actor died, or froze
+            self.executor.replace_actor(0)
+            self.replacements += 1
+            self._broadcasting = False
+            if self._started is not None:
+                self._started[0] = self._start(0, replacing=True)
+            status = "crashed" if isinstance(exc, ray.exceptions.RayActorError) else "hung"
+            detail = f"the Ray actor died: {_first_line(exc)}" if status == "crashed" else (
+                f"no answer from the Ray actor within {bound:g} s; actor replaced")  # fmt: skip
+            return [JobResult(status, seconds=time.monotonic() - began, detail=detail) for _ in range(self.width)]
+        self.replacements += replaced
+        if self.clock is not None:
+            now = time.perf_counter()
+            for result in results:  # the copies ran side by side: their union is the longest
+                if result.busy_seconds > 0:
+                    self.clock.add(now - min(result.busy_seconds, time.monotonic() - began), now)
+        return list(results)
+
     def _replace(self, index: int) -> None:
         self.executor.replace_actor(index)
         self.replacements += 1
+        if index == 0:
+            self._broadcasting = False  # its broadcast pool died with it
         self._usable[index] = self._start(index, replacing=True)
 
     def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
@@ -360,7 +422,7 @@ class RayIsolatedPool:
         elsewhere; when the head gets no answer within its timeout plus a worker restart (counted
         from when it could start), it hung, the actor is replaced and its queue runs again.
         """
-        from mmchaos.isolation import JobResult, describe_exception
+        from mmchaos.executors.jobs import JobResult, describe_exception
 
         ray = self.executor._ray
         actors = self.executor._actors

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from mmchaos.fuzz.minimise import MinimiseBudget, Minimiser
 from mmchaos.fuzz.mutators import mutate
 from mmchaos.fuzz.seeds import Seed
 from mmchaos.fuzz.signature import Judgement, judge
-from mmchaos.isolation import ErrorInfo, JobResult
 
 __all__ = ["Failure", "FuzzConfig", "FuzzReport", "Fuzzer", "Runner"]
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """What runs jobs: a :class:`~mmchaos.isolation.WorkerPool`, the run's shared pool (``PoolView``)
+    """What runs jobs: a :class:`~mmchaos.executors.pool.WorkerPool`, the run's shared pool (``PoolView``)
     or an ``InProcessRunner``."""
 
     @property

@@ -7,13 +7,15 @@ else: encoded image bytes) unless given.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from mmchaos.errors import DataError
+from mmchaos.errors import ConfigError, DataError
+from mmchaos.executors.jobs import WorkerSpec
+from mmchaos.executors.pool import InProcessRunner, start_pool
 from mmchaos.fuzz.signature import Judgement, judge
 from mmchaos.fuzz.worker import fuzz_job
-from mmchaos.isolation import InProcessRunner, WorkerSpec, start_pool
 
 __all__ = ["kind_of", "replay_command", "replay_input"]
 
@@ -50,7 +52,13 @@ def replay_input(
     target: Any = None,
     accepted_errors: tuple[str, ...] = (),
 ) -> Judgement:
-    """Run ``data`` once through the target's decoding path, isolated as the fuzzer ran it."""
+    """Run ``data`` once through the target's decoding path, isolated as the fuzzer ran it.
+
+    A timeout that is not a positive number of seconds is refused: with ``-1`` every input "hung"
+    before it was sent, a false finding that exited 1.
+    """
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"the timeout must be a positive number of seconds, got {timeout_s!r}")
     spec = WorkerSpec(uri=uri, options=dict(options or {}), accepted_errors=accepted_errors)
     if isolation == "inprocess":
         if target is None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from mmchaos.fuzz.worker import normalise_message
-from mmchaos.isolation import ErrorInfo, JobResult
 
 __all__ = ["FAILURES", "Judgement", "judge"]
 

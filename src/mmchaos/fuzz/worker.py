@@ -1,6 +1,6 @@
 """The worker side: run one fuzzed input through the target's decoding path and describe what happened.
 
-Runs inside the isolated worker processes of :mod:`mmchaos.isolation`. Besides the target's
+Runs inside the isolated worker processes of :mod:`mmchaos.executors.pool`. Besides the target's
 answer (summarised: shape, finiteness, constancy -- not the vectors), it returns *features*: what
 Pillow's reference decoder makes of the input (format, mode, size class, which metadata it
 parsed, or which error it raised) and what the target did (typed rejection code, output shape).
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mmchaos.isolation import WorkerSpec, describe_exception
+from mmchaos.executors.jobs import WorkerSpec, describe_exception
 from mmchaos.targets.base import Capability, Target
 
 __all__ = ["ROUTES", "fuzz_job", "method_for", "normalise_message", "probe_features", "summarise_output"]

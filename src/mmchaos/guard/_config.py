@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mmchaos._yaml import describe_yaml_error
 from mmchaos.errors import ConfigError
 
 __all__ = ["build_config", "load_yaml_config"]
@@ -54,7 +55,7 @@ def load_yaml_config(cls: type[C], source: str | Path, what: str) -> C:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{what} is not valid YAML: {describe_yaml_error(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

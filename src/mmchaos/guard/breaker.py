@@ -95,7 +95,6 @@ class CallNotPermitted(MMChaosError):
     """The breaker is OPEN, FORCED_OPEN, or HALF_OPEN with all trial calls taken: HTTP 503."""
 
     code = "call_not_permitted"
-    http_status = 503
 
     def __init__(self, name: str, state: BreakerState, retry_after: float | None) -> None:
         wait = f"; retry in {retry_after:.1f}s" if retry_after is not None else ""

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mmchaos.errors import UsageError
+from mmchaos.errors import ConfigError, UsageError
 from mmchaos.guard import _telemetry
 from mmchaos.guard._config import build_config, load_yaml_config
 
@@ -401,6 +401,8 @@ class DriftMonitor:
         self._listeners.append(callback)
 
     def _state(self, modality: str) -> _Modality:
+        if not isinstance(modality, str) or not modality:
+            raise ConfigError(f"modality must be a non-empty string, got {modality!r}", code="bad_modality")
         state = self._modalities.get(modality)
         if state is None:
             with self._lock:
@@ -416,11 +418,11 @@ class DriftMonitor:
         try:
             x = np.asarray(embeddings, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"embeddings must be numeric: {exc}", code="bad_embeddings") from exc
+            raise ConfigError(f"embeddings must be numeric: {exc}", code="bad_embeddings") from exc
         if x.ndim == 1:
             x = x[None, :]
         if x.ndim != 2 or x.shape[1] == 0:
-            raise UsageError(f"embeddings must be (n, d) or (d,), got shape {x.shape}", code="bad_embeddings")
+            raise ConfigError(f"embeddings must be (n, d) or (d,), got shape {x.shape}", code="bad_embeddings")
         return x
 
     def set_reference(self, modality: str, embeddings: Any) -> None:

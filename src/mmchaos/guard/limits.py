@@ -7,7 +7,8 @@ is allocated.
 
 This is the one rule set: the targets' decoders and array checks and :class:`~mmchaos.guard.Preflight`
 all call :func:`check_declared_size`, so the same input is refused with the same code everywhere
-(:data:`SIZE_CODES`). Pure standard library, so the runtime guards can import it without numpy.
+(:data:`SIZE_CODES`). Pure standard library (and the code table), so the runtime guards can import it
+without numpy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mmchaos.error_codes import statuses
 
 __all__ = [
     "INT32_MAX",
@@ -35,14 +38,11 @@ INT64_MAX = 2**63 - 1
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
 """Pillow's own default bomb threshold (about 0.25 GB of 24-bit pixels): the targets' default."""
 
-#: Every code :func:`check_declared_size` gives, and the HTTP status a server answers with it.
-SIZE_CODES: Mapping[str, int] = {
-    "shape_negative": 400,
-    "element_count_overflow": 413,
-    "image_too_large": 413,
-    "image_too_small": 422,
-    "bad_aspect_ratio": 422,
-}
+#: Every code :func:`check_declared_size` gives, and the HTTP status a server answers with it (from
+#: :mod:`mmchaos.error_codes`).
+SIZE_CODES: Mapping[str, int] = statuses(
+    "shape_negative", "element_count_overflow", "image_too_large", "image_too_small", "bad_aspect_ratio"
+)
 
 # Bands per Pillow mode (without importing Pillow); unknown modes count as 4.
 _MODE_BANDS = {

@@ -27,6 +27,7 @@ from PIL import Image, ImageFile
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mmchaos.error_codes import statuses
 from mmchaos.errors import MMChaosError
 from mmchaos.guard import _telemetry
 from mmchaos.guard._config import build_config, load_yaml_config
@@ -50,34 +51,37 @@ ImageArray = npt.NDArray[np.uint8]
 A = TypeVar("A")
 R = TypeVar("R")
 
-#: Every rejection code and the HTTP status a server answers with it. The declared-size codes
+#: Every rejection code and the HTTP status a server answers with it (from :mod:`mmchaos.error_codes`,
+#: which also picks the error class below). The declared-size codes
 #: (``element_count_overflow``, ``image_too_large``, ``image_too_small``, ``bad_aspect_ratio``)
 #: come from :mod:`mmchaos.guard.limits`, the rule set the targets' decoders use too.
 PREFLIGHT_CODES: Mapping[str, int] = {
     **SIZE_CODES,
-    "empty_input": 400,
-    "bad_input_type": 400,
-    "bad_image": 400,
-    "truncated_image": 400,
-    "bad_utf8": 400,
-    "bad_data_url": 400,
-    "bad_array": 400,
-    "payload_too_large": 413,
-    "decompression_bomb": 413,
-    "text_too_long": 413,
-    "too_many_tokens": 413,
-    "unsupported_format": 415,
-    "unsupported_mode": 415,
-    "animated_image": 422,
-    "non_finite": 422,
+    **statuses(
+        "empty_input",
+        "bad_input_type",
+        "bad_image",
+        "truncated_image",
+        "bad_utf8",
+        "bad_data_url",
+        "bad_array",
+        "payload_too_large",
+        "decompression_bomb",
+        "text_too_long",
+        "too_many_tokens",
+        "unsupported_format",
+        "unsupported_mode",
+        "animated_image",
+        "non_finite",
+    ),
 }
 
 
 class PreflightError(MMChaosError):
-    """An input broke the contract; ``code`` is stable and ``http_status`` is what to answer."""
+    """An input broke the contract; ``code`` is stable and ``http_status`` (the code's, from the
+    table) is what to answer."""
 
     code = "preflight_rejected"
-    http_status: int = 400
 
     def __init__(self, message: str, *, code: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         super().__init__(message, code=code)
@@ -92,28 +96,24 @@ class MalformedInputError(PreflightError):
     """The input is not what it claims to be (corrupt, truncated, invalid UTF-8): HTTP 400."""
 
     code = "malformed_input"
-    http_status = 400
 
 
 class InputTooLargeError(PreflightError):
     """The input exceeds a size, pixel, element or token limit: HTTP 413."""
 
     code = "input_too_large"
-    http_status = 413
 
 
 class UnsupportedInputError(PreflightError):
     """A well-formed input of a format or mode the contract does not accept: HTTP 415."""
 
     code = "unsupported_input"
-    http_status = 415
 
 
 class UnprocessableInputError(PreflightError):
     """Well-formed and supported, but not processable (too small, animated, NaN): HTTP 422."""
 
     code = "unprocessable_input"
-    http_status = 422
 
 
 _ERROR_BY_STATUS: dict[int, type[PreflightError]] = {

@@ -27,7 +27,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mmchaos.errors import UsageError
+from mmchaos.errors import ConfigError, UsageError
 from mmchaos.guard import _telemetry
 from mmchaos.guard._config import build_config, load_yaml_config
 
@@ -247,11 +247,27 @@ class BurnRateSLO:
         self._head = head
 
     def record(self, ok: bool, latency: float | None = None, *, count: int = 1) -> None:
-        """Count ``count`` events that succeeded (``ok``) or not, each taking ``latency`` seconds."""
+        """Count ``count`` events that succeeded (``ok``) or not, each taking ``latency`` seconds.
+
+        An impossible event (a negative or non-integer count, a NaN, infinite or negative latency) is
+        refused with ``bad_event``: a negative count would push the burn rate past any real value (or
+        below zero), and a NaN latency would count as good, since no comparison with NaN is true.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"SLO {self.name!r}: count must be a whole number >= 0, got {count!r}", code="bad_event")
+        if latency is not None and (
+            isinstance(latency, bool)
+            or not isinstance(latency, int | float)
+            or not math.isfinite(latency)
+            or latency < 0
+        ):
+            raise ConfigError(
+                f"SLO {self.name!r}: latency must be a finite number of seconds >= 0, got {latency!r}", code="bad_event"
+            )
         threshold = self.config.latency_threshold
         if threshold is not None:
             if latency is None:
-                raise UsageError(f"latency SLO {self.name!r} needs the latency of every event", code="bad_event")
+                raise ConfigError(f"latency SLO {self.name!r} needs the latency of every event", code="bad_event")
             bad = not ok or latency > threshold
         else:
             bad = not ok

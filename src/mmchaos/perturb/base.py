@@ -293,7 +293,7 @@ class ImagePerturbation(Perturbation[ImageArray]):
     def _apply_any_layout(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         if not isinstance(item, np.ndarray) or item.dtype != np.uint8:
             got = item.dtype if isinstance(item, np.ndarray) else type(item).__name__
-            raise ConfigError(f"{self.name}: images must be uint8 arrays, got {got}", code="bad_image_dtype")
+            raise ConfigError(f"{self.name}: images must be uint8 arrays, got {got}", code="image_bad_dtype")
         if item.ndim == 2:
             return self._gray(item, params)
         if item.ndim == 3 and item.shape[2] == 1:
@@ -304,7 +304,7 @@ class ImagePerturbation(Perturbation[ImageArray]):
             return np.ascontiguousarray(np.concatenate([rgb, alpha[..., None]], axis=2))
         if item.ndim == 3 and item.shape[2] == 3:
             return self.apply(np.ascontiguousarray(item), params)
-        raise ConfigError(f"{self.name}: unsupported image shape {item.shape}", code="bad_image_shape")
+        raise ConfigError(f"{self.name}: unsupported image shape {item.shape}", code="image_bad_shape")
 
     def _gray(self, item: ImageArray, params: dict[str, Any]) -> ImageArray:
         out = self.apply(np.ascontiguousarray(np.repeat(item[..., None], 3, axis=2)), params)

@@ -17,6 +17,7 @@ from http import HTTPStatus
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit
 
+from mmchaos.error_codes import status_of
 from mmchaos.errors import ConfigError
 from mmchaos.proxy.config import parse_hostport
 
@@ -26,12 +27,16 @@ log = logging.getLogger(__name__)
 
 
 class BadRequest(Exception):
-    """A request this server refuses before any handler sees it; ``code`` is stable."""
+    """A request this server refuses before any handler sees it; ``code`` is stable, and its status
+    is the code's (:mod:`mmchaos.error_codes`)."""
 
-    def __init__(self, status: int, message: str, code: str = "http_bad_request") -> None:
+    def __init__(self, message: str, code: str = "http_bad_request") -> None:
         super().__init__(message)
-        self.status = status
         self.code = code
+
+    @property
+    def status(self) -> int:
+        return status_of(self.code, 400)
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -76,8 +81,11 @@ class Response:
         return cls(status, json.dumps(obj).encode(), "application/json", headers or [])
 
     @classmethod
-    def error(cls, status: int, message: str, code: str | None = None) -> Response:
-        return cls.json({"error": message, "status": status, **({"code": code} if code else {})}, status)
+    def error(cls, code: str, message: str, *, fallback: int = 500) -> Response:
+        """toxiproxy's error shape, ``{"error": message, "status": http_status}``, plus mmchaos's stable
+        ``code``; the status is the code's (:mod:`mmchaos.error_codes`), ``fallback`` for one not there."""
+        status = status_of(code, fallback)
+        return cls.json({"error": message, "status": status, "code": code}, status)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -90,18 +98,18 @@ async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request |
     except asyncio.IncompleteReadError as exc:
         if not exc.partial.strip():
             return None
-        raise BadRequest(400, "incomplete request head") from None
+        raise BadRequest("incomplete request head") from None
     except asyncio.LimitOverrunError:
-        raise BadRequest(431, "request head too large", "http_head_too_large") from None
+        raise BadRequest("request head too large", "http_head_too_large") from None
     lines = raw.decode("latin-1").rstrip("\r\n").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest(400, "bad request line")
+        raise BadRequest("bad request line")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep:
-            raise BadRequest(400, "bad header line")
+            raise BadRequest("bad header line")
         key = name.strip().lower()
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     req = Request(parts[0], parts[1], parts[2], headers)
@@ -110,10 +118,10 @@ async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request |
     elif "content-length" in headers:
         text = headers["content-length"]
         if not text.isascii() or not text.isdigit() or len(text) > 18:  # no sign, no list, no overflow
-            raise BadRequest(400, f"bad Content-Length {text[:20]!r}", "http_bad_content_length")
+            raise BadRequest(f"bad Content-Length {text[:20]!r}", "http_bad_content_length")
         length = int(text)
         if length > max_body:
-            raise BadRequest(413, "request body too large", "http_body_too_large")
+            raise BadRequest("request body too large", "http_body_too_large")
         req.body = await reader.readexactly(length)
     return req
 
@@ -125,24 +133,24 @@ async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
         try:
             size_line = (await reader.readuntil(b"\r\n"))[:-2]
         except asyncio.LimitOverrunError:
-            raise BadRequest(400, "chunk size line too long", "http_bad_chunk") from None
+            raise BadRequest("chunk size line too long", "http_bad_chunk") from None
         digits = size_line.split(b";", 1)[0].strip()
         if not digits or len(digits) > 15 or not _HEX.issuperset(digits):
-            raise BadRequest(400, f"bad chunk size {bytes(size_line[:20])!r}", "http_bad_chunk")
+            raise BadRequest(f"bad chunk size {bytes(size_line[:20])!r}", "http_bad_chunk")
         size = int(digits, 16)
         if size == 0:
             trailer = 0
             while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
                 trailer += len(line)
                 if trailer > _MAX_TRAILER:
-                    raise BadRequest(431, "request trailers too large", "http_head_too_large")
+                    raise BadRequest("request trailers too large", "http_head_too_large")
             return b"".join(chunks)
         total += size
         if total > max_body:
-            raise BadRequest(413, "request body too large", "http_body_too_large")
+            raise BadRequest("request body too large", "http_body_too_large")
         chunks.append(await reader.readexactly(size))
         if await reader.readexactly(2) != b"\r\n":
-            raise BadRequest(400, "chunk data not followed by CRLF", "http_bad_chunk")
+            raise BadRequest("chunk data not followed by CRLF", "http_bad_chunk")
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -245,9 +253,7 @@ class HttpServer:
                 try:
                     req = await read_request(reader, self._max_body)
                 except BadRequest as exc:
-                    await write_response(
-                        writer, Response.error(exc.status, str(exc), exc.code), keep_alive=False, head_only=False
-                    )
+                    await write_response(writer, Response.error(exc.code, str(exc)), keep_alive=False, head_only=False)
                     return
                 if req is None:
                     return
@@ -257,7 +263,7 @@ class HttpServer:
                     raise
                 except Exception as exc:
                     log.exception("handler failed for %s %s", req.method, req.target)
-                    resp = Response.error(500, f"internal error: {type(exc).__name__}")
+                    resp = Response.error("http_internal_error", f"internal error: {type(exc).__name__}")
                 keep = req.keep_alive
                 await write_response(writer, resp, keep_alive=keep, head_only=req.method == "HEAD")
                 if not keep:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from mmchaos._yaml import describe_yaml_error
 from mmchaos.errors import ConfigError, UnknownNameError
 from mmchaos.registry import closest
 
@@ -424,8 +425,8 @@ def load_toxics_file(path: Path) -> list[Toxic]:
     except FileNotFoundError:
         raise ConfigError(f"toxics file not found: {path}", code="config_missing_file") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path}: cannot read toxics ({first})", code="config_invalid") from None
+        why = describe_yaml_error(exc) if isinstance(exc, yaml.YAMLError) else str(exc) or type(exc).__name__
+        raise ConfigError(f"{path}: cannot read toxics ({why})", code="config_invalid") from None
     if isinstance(raw, list):
         raw = {"toxics": raw}
     if not isinstance(raw, dict) or set(raw) != {"toxics"} or not isinstance(raw["toxics"], list):

@@ -15,11 +15,12 @@
     POST   /reset                            enable every proxy, remove every toxic
     GET    /metrics                          Prometheus text format
 
-Errors are ``{"error": message, "status": code, "code": stable_code}`` like toxiproxy's, with
-mmchaos's stable code added.
+Errors are toxiproxy's ``{"error": message, "status": http_status}`` with mmchaos's stable ``"code"``
+added; each code's one status is in :mod:`mmchaos.error_codes` (docs/error-codes.md).
 
 Like toxiproxy, it refuses what a web page could send: any request from a ``Mozilla/`` user agent
-or with a foreign ``Origin`` (403 ``control_browser_refused``), and request bodies that are not
+or with an ``Origin`` other than its own (403 ``control_browser_refused``), any request whose ``Host``
+is not a loopback name (403 ``control_host_refused``: DNS rebinding), and request bodies that are not
 JSON by their Content-Type (415 ``control_unsupported_media_type``; a form or ``text/plain`` POST
 needs no CORS preflight). Bodies are strict JSON (no ``NaN``/``Infinity``), at most
 :data:`MAX_JSON_DEPTH` deep, and every value is validated and bounded before it reaches a proxy.
@@ -38,7 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mmchaos.errors import ConfigError, MMChaosError, UnknownNameError
-from mmchaos.net import REMOTE_REFUSED, is_loopback_address, literal_ip, require_loopback, require_loopback_async
+from mmchaos.net import is_loopback_address, literal_ip, require_loopback, require_loopback_async
 from mmchaos.proxy._http import HttpServer, Request, Response
 from mmchaos.proxy.config import ProxyConfig
 from mmchaos.proxy.proxy import FaultProxy
@@ -141,18 +142,53 @@ def _is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _browser_refusal(req: Request) -> Response | None:
-    """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415)."""
+def _loopback_name(host: str) -> bool:
+    return host.lower() == "localhost" or (literal_ip(host) and is_loopback_address(host))
+
+
+def _authority(value: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Host header or an Origin (port 80 when it names none); None when it does not parse."""
+    try:
+        parts = urlsplit(f"//{value}" if "://" not in value else value)
+        return (parts.hostname or "", parts.port or 80)
+    except ValueError:
+        return None
+
+
+def _foreign_host(req: Request) -> str | None:
+    """Why the request's ``Host`` is not a loopback name, or None when it is.
+
+    DNS rebinding: a page at ``evil.example`` whose name is re-pointed at 127.0.0.1 reaches a loopback
+    server under the browser's same-origin rules, but its ``Host`` header still says ``evil.example``.
+    Only a loopback name (``localhost`` or a loopback literal) is taken, on any port (an SSH tunnel
+    forwards the control port under another number); a request without ``Host`` (HTTP/1.0 tools; no
+    browser sends one) is let through.
+    """
+    value = req.headers.get("host")
+    if value is None:
+        return None
+    parsed = _authority(value.strip())
+    if parsed is None or not _loopback_name(parsed[0]):
+        return f"Host {value[:100]!r} is not a loopback name"
+    return None
+
+
+def _browser_refusal(req: Request, own_port: int | None) -> Response | None:
+    """toxiproxy's rule against requests a web page makes (403), plus a JSON-only body rule (415).
+
+    ``Origin``, when sent, must be this server's own origin (a loopback name on its port): a page on
+    another local port (a dev server, a notebook) is a foreign origin like any other.
+    """
     if req.headers.get("user-agent", "").startswith("Mozilla/"):
-        return Response.error(403, "requests from browsers are refused", "control_browser_refused")
+        return Response.error("control_browser_refused", "requests from browsers are refused")
     origin = req.headers.get("origin")
     if origin is not None:
-        host = urlsplit(origin).hostname or ""
-        if not (host == "localhost" or (literal_ip(host) and is_loopback_address(host))):
-            return Response.error(403, f"requests from origin {origin[:100]!r} are refused", "control_browser_refused")
+        parsed = _authority(origin)
+        if parsed is None or not _loopback_name(parsed[0]) or (own_port is not None and parsed[1] != own_port):
+            return Response.error("control_browser_refused", f"requests from origin {origin[:100]!r} are refused")
     if req.body.strip() and not _is_json(req.headers.get("content-type", "")):
         return Response.error(
-            415, "request bodies must be JSON (Content-Type: application/json)", "control_unsupported_media_type"
+            "control_unsupported_media_type", "request bodies must be JSON (Content-Type: application/json)"
         )
     return None
 
@@ -183,18 +219,18 @@ class ControlServer(HttpServer):
         self._owned.clear()
 
     async def _handle(self, req: Request) -> Response:
-        refusal = _browser_refusal(req)
+        own_port = self.address[1]
+        if not self.allow_remote:  # a remote listener is reached by whatever names the machine has
+            foreign = _foreign_host(req)
+            if foreign is not None:
+                return Response.error("control_host_refused", f"{foreign}: refused (DNS rebinding)")
+        refusal = _browser_refusal(req, None if self.allow_remote else own_port)
         if refusal is not None:
             return refusal
         try:
             return await self._route(req)
-        except UnknownNameError as exc:
-            return Response.error(400 if exc.code == "unknown_toxic" else 404, exc.message, exc.code)
-        except ConfigError as exc:
-            status = 409 if exc.code in ("toxic_exists", "proxy_exists") else 403 if exc.code == REMOTE_REFUSED else 400
-            return Response.error(status, exc.message, exc.code)
-        except MMChaosError as exc:
-            return Response.error(400, exc.message, exc.code)
+        except MMChaosError as exc:  # the code's status: 400, 403 not loopback, 404 unknown, 409 duplicate
+            return Response.error(exc.code, exc.message, fallback=exc.http_status)
 
     def _proxy(self, name: str) -> FaultProxy:
         try:
@@ -235,7 +271,7 @@ class ControlServer(HttpServer):
             return Response.json({"proxies": [p.to_json() for p in created]}, 201)
         parts = [unquote(p) for p in path.split("/") if p]
         if not parts or parts[0] != "proxies" or len(parts) > 4 or (len(parts) >= 3 and parts[2] != "toxics"):
-            return Response.error(404, f"no route {method} {path}", "control_no_route")
+            return Response.error("control_no_route", f"no route {method} {path}")
         name = parts[1] if len(parts) > 1 else None
         toxic_name = parts[3] if len(parts) > 3 else None
         if name is None:
@@ -249,7 +285,7 @@ class ControlServer(HttpServer):
                 if config.name in self.proxies:
                     raise ConfigError(f"proxy {config.name!r} already exists", code="proxy_exists")
                 return Response.json((await self._start(self._new(config))).to_json(), 201)
-            return Response.error(405, f"{method} not allowed on /proxies", "control_method")
+            return Response.error("control_method", f"{method} not allowed on /proxies")
         proxy = self._proxy(name)
         if len(parts) == 2:
             if method == "GET":
@@ -271,7 +307,7 @@ class ControlServer(HttpServer):
             if method == "DELETE":
                 await self._delete(name)
                 return Response(204, content_type=None)
-            return Response.error(405, f"{method} not allowed here", "control_method")
+            return Response.error("control_method", f"{method} not allowed here")
         if toxic_name is None:
             if method == "GET":
                 return Response.json([t.model_dump(mode="json") for t in proxy.toxics])
@@ -280,7 +316,7 @@ class ControlServer(HttpServer):
                 if not isinstance(body, dict):
                     raise ConfigError("a toxic must be a JSON object", code="config_invalid_toxic")
                 return Response.json(proxy.add_toxic(body).model_dump(mode="json"))
-            return Response.error(405, f"{method} not allowed here", "control_method")
+            return Response.error("control_method", f"{method} not allowed here")
         if method == "GET":
             return Response.json(proxy.get_toxic(toxic_name).model_dump(mode="json"))
         if method in _UPDATE_METHODS:
@@ -291,7 +327,7 @@ class ControlServer(HttpServer):
         if method == "DELETE":
             proxy.remove_toxic(toxic_name)
             return Response(204, content_type=None)
-        return Response.error(405, f"{method} not allowed here", "control_method")
+        return Response.error("control_method", f"{method} not allowed here")
 
     def _new(self, config: ProxyConfig) -> FaultProxy:
         return FaultProxy.from_config(config, allow_remote=self.allow_remote)

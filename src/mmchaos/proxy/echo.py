@@ -94,7 +94,7 @@ class EchoHTTPServer(HttpServer):
             ms = float(path.rsplit("/", 1)[1])
             await asyncio.sleep(ms / 1000.0)
             return Response.json({"delayed_ms": ms})
-        return Response.error(404, f"no route {path}")
+        return Response.error("not_found", f"no route {path}")
 
     @staticmethod
     async def _events(n: int, interval: float) -> AsyncIterator[bytes]:

@@ -161,7 +161,7 @@ class FaultProxy:
             self._server = await loop.create_server(self._accept, host, port, reuse_address=True)
         except OSError as exc:
             raise ConfigError(
-                f"proxy {self.name}: cannot listen on {host}:{port}: {exc.strerror or exc}", code="proxy_listen_failed"
+                f"proxy {self.name}: cannot listen on {host}:{port}: {exc.strerror or exc}", code="listen_failed"
             ) from None
         sockname = self._server.sockets[0].getsockname()
         self._bound = (host, int(sockname[1]))

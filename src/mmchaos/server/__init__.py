@@ -19,7 +19,7 @@ from mmchaos.errors import MissingDependencyError
 if TYPE_CHECKING:
     from mmchaos.server.app import create_app
     from mmchaos.server.config import ServerConfig, contract_from_yaml
-    from mmchaos.server.engine import GuardedServer
+    from mmchaos.server.core import GuardedServer
     from mmchaos.server.middleware import REQUEST_ID_HEADER
     from mmchaos.server.thread import ServerThread, serve
 
@@ -35,7 +35,7 @@ __all__ = [
 
 _MODULE_OF = {
     "REQUEST_ID_HEADER": "mmchaos.server.middleware",
-    "GuardedServer": "mmchaos.server.engine",
+    "GuardedServer": "mmchaos.server.core",
     "create_app": "mmchaos.server.app",
     "ServerConfig": "mmchaos.server.config",
     "contract_from_yaml": "mmchaos.server.config",

@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable
 
-from mmchaos.server.errors import HTTPError
+from mmchaos.server.errors import ServerError
 
 __all__ = ["Admission"]
 
@@ -86,20 +86,18 @@ class Admission:
             expected = self.expected_wait(fallback_interval)
             if expected > min(self.max_wait, deadline - loop.time()):
                 wait = max(1, math.ceil(expected - self.max_wait))
-                raise HTTPError(
-                    429,
-                    "overloaded",
+                raise ServerError(
                     f"the server is overloaded: a request now would wait about {expected:.2f}s for a slot "
                     f"(at most {self.max_wait:g}s allowed); retry in {wait}s",
-                    headers={"Retry-After": str(wait)},
+                    code="overloaded",
+                    retry_after=wait,
                 )
         if len(self.waiters) >= self.queue:
             wait = retry_after()
-            raise HTTPError(
-                429,
-                "queue_full",
+            raise ServerError(
                 f"the server is at capacity ({self.active} running, {len(self.waiters)} waiting); retry in {wait}s",
-                headers={"Retry-After": str(wait)},
+                code="queue_full",
+                retry_after=wait,
             )
         places = len(self.waiters) + 1
         queued_at = self.clock()

@@ -1,8 +1,10 @@
 """The reference server: an OpenAI-compatible FastAPI app over an in-process target, guards on the path.
 
-The parts, as in vLLM's entrypoint: :mod:`.engine` (the target, its guards and the worker pool),
-:mod:`.admission` (slots and the queue), :mod:`.middleware` (request ids, body limits, request
-metrics), :mod:`.handlers` (the endpoints), :mod:`.errors` (stable error bodies) and
+The parts, as in vLLM's entrypoint: :mod:`.core` (the target, its guards, the pixel budget and
+the load gate) over :mod:`.work` (admission, the worker pool, the request timeout) and
+:mod:`.model` (the model lock, the breaker, decoding); :mod:`.middleware` (request ids, body
+limits, request metrics); :mod:`.endpoints` (one module per endpoint); :mod:`.errors` (the domain
+errors everything raises) and :mod:`.http_errors` (the one place they become HTTP answers);
 :mod:`.protocol` (the request and response schemas). This module wires them into one app.
 """
 
@@ -14,16 +16,13 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
 from mmchaos import __version__
 from mmchaos.server.config import ServerConfig
-from mmchaos.server.engine import GuardedServer, served_model_name
-from mmchaos.server.errors import HTTPError, validation_error
-from mmchaos.server.handlers import router
+from mmchaos.server.core import GuardedServer, served_model_name
+from mmchaos.server.endpoints import ROUTERS
+from mmchaos.server.http_errors import install as install_error_answers
 from mmchaos.server.middleware import REQUEST_ID_HEADER, RequestEdge
 from mmchaos.targets.base import Target
 
@@ -64,27 +63,7 @@ def create_app(target: Target, config: ServerConfig | None = None, *, tracer_pro
     )
     app.state.mmchaos = server
     app.add_middleware(RequestEdge, server=server)
-    app.include_router(router)
-
-    @app.exception_handler(HTTPError)
-    async def _http_error(request: Request, exc: HTTPError) -> Response:
-        server.metrics.errors.labels(exc.code, str(exc.status)).inc()
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        return await _http_error(request, validation_error(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _starlette(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
-            # FastAPI's body parser: bad UTF-8, nesting past the parser's depth, an integer of
-            # more digits than Python converts. All are a body that is not (usable) JSON.
-            code = "invalid_json"
-            exc = StarletteHTTPException(400, "the request body is not valid JSON (bad UTF-8, too deeply nested, "
-                                          "or a number too large)")  # fmt: skip
-        err = HTTPError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
-        return await _http_error(request, err)
-
+    for router in ROUTERS:
+        app.include_router(router)
+    install_error_answers(app, server.metrics)
     return app

@@ -1,135 +1,78 @@
-"""The server's error answers: :class:`HTTPError` (an OpenAI-style body with a stable ``code``),
-and the mapping from library exceptions and validation errors to it."""
+"""What a request can fail with, as domain errors: the server's code raises these (and the
+library's own errors) and never an HTTP answer; :mod:`.http_errors` alone turns them into one.
+
+    MMChaosError
+    ├── ServerError       the server refuses or cannot answer (admission, limits, the request's fields)
+    ├── BadModelOutput    the model answered with something that cannot be served (NaN, wrong shape)
+    └── ModelFailure      the model raised an exception that is not an mmchaos error
+    RequestCancelled      work stopped because nobody waits for its answer (not an error of anyone's)
+
+No web framework is imported here: admission, inputs and the worker code raise these without
+FastAPI.
+"""
 
 from __future__ import annotations
 
 import logging
-import math
-from typing import Any
+from typing import Literal
 
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from mmchaos.errors import MMChaosError
 
-from mmchaos.errors import CapabilityError, MMChaosError, TargetCallError
-from mmchaos.guard.breaker import CallNotPermitted
-from mmchaos.guard.preflight import PreflightError
-from mmchaos.server.protocol import ErrorBody
-from mmchaos.targets.generation import TARGET_FAULT_CODES
-
-__all__ = [
-    "CLIENT_CLOSED",
-    "ERROR_RESPONSES",
-    "BadModelOutput",
-    "HTTPError",
-    "RequestCancelled",
-    "to_http_error",
-    "validation_error",
-]
-
-#: The status recorded for a request whose client left before its answer (nginx's 499).
-CLIENT_CLOSED = 499
+__all__ = ["BadModelOutput", "ModelFailure", "Origin", "RequestCancelled", "ServerError", "as_domain"]
 
 log = logging.getLogger("mmchaos.server")
 
+#: Who refused, where that and not the code decides the HTTP status: ``server`` (the code's
+#: status, from :data:`mmchaos.error_codes.CODES`), ``request`` (the request's content, as the
+#: target's own decoder or parameter check read it: 400), ``framework`` (FastAPI's own refusal: the
+#: status it chose). See :func:`mmchaos.server.http_errors.http_status`.
+Origin = Literal["server", "request", "framework"]
 
-class HTTPError(Exception):
-    """An answer other than 200, with an OpenAI-style body. Internal to the server."""
+
+class ServerError(MMChaosError):
+    """The server refuses or cannot answer a request; ``code`` is stable and decides the HTTP status.
+
+    ``param`` names the request field at fault; ``retry_after`` (whole seconds) becomes a
+    Retry-After header; ``headers`` carries any other header the answer needs (``Connection:
+    close`` after a body timeout, Starlette's ``Allow``); ``origin``: see :data:`Origin`.
+    """
 
     def __init__(
         self,
-        status: int,
-        code: str,
         message: str,
         *,
+        code: str,
         param: str | None = None,
+        retry_after: int | None = None,
         headers: dict[str, str] | None = None,
+        origin: Origin = "server",
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(message, code=code)
         self.param = param
-        self.headers = headers or {}
-
-    @property
-    def type(self) -> str:
-        if self.status == 401:
-            return "authentication_error"
-        if self.status == 429:
-            return "rate_limit_error"
-        if self.status == 503:
-            return "service_unavailable_error"
-        if self.status in (408, 504):
-            return "timeout_error"
-        return "server_error" if self.status >= 500 else "invalid_request_error"
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        self.retry_after = retry_after
+        self.headers = dict(headers or {})
+        self.origin: Origin = origin
 
 
-class BadModelOutput(Exception):
+class BadModelOutput(MMChaosError):
     """The target answered with something that cannot be served (NaN, wrong shape): a model failure."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+
+class ModelFailure(MMChaosError):
+    """The model raised ``cause``, an exception that is not an mmchaos error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the model raised {type(cause).__name__}: {str(cause)[:300]}", code="model_error")
+        self.cause = cause
 
 
 class RequestCancelled(Exception):
     """Work stopped because its client timed out or went away; nobody waits for its answer."""
 
 
-def to_http_error(exc: BaseException) -> HTTPError:
-    """The answer to an exception raised while running a request's work."""
-    if isinstance(exc, HTTPError):
-        return exc
-    if isinstance(exc, PreflightError):
-        return HTTPError(exc.http_status, exc.code, exc.message)
-    if isinstance(exc, CallNotPermitted):
-        wait = max(1, math.ceil(exc.retry_after or 1.0))
-        return HTTPError(503, exc.code, exc.message, headers={"Retry-After": str(wait)})
-    if isinstance(exc, CapabilityError):
-        return HTTPError(400, exc.code, exc.message)
-    if isinstance(exc, TargetCallError):  # the model refused this input, or failed on it itself
-        return HTTPError(500 if exc.code in TARGET_FAULT_CODES else 422, exc.code, exc.message)
-    if isinstance(exc, BadModelOutput):
-        return HTTPError(500, exc.code, str(exc))
+def as_domain(exc: Exception) -> MMChaosError:
+    """``exc`` when it is an mmchaos error, else a :class:`ModelFailure` for it (logged with its traceback)."""
     if isinstance(exc, MMChaosError):
-        return HTTPError(500, exc.code, exc.message)
+        return exc
     log.warning("model call failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-    return HTTPError(500, "model_error", f"the model raised {type(exc).__name__}: {str(exc)[:300]}")
-
-
-def validation_error(exc: RequestValidationError) -> HTTPError:
-    """A schema refusal: ``invalid_json`` for a body that is not JSON, else ``invalid_request``."""
-    errors = exc.errors()
-    first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return HTTPError(400, "invalid_json", "the request body is not valid JSON")
-    parts = []
-    for err in errors[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return HTTPError(400, "invalid_request", "; ".join(parts) + more, param=param)
-
-
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": what}
-    for status, what in (
-        (400, "malformed input (bad JSON, corrupt image, invalid UTF-8, ...)"),
-        (401, "missing or wrong API key"),
-        (404, "unknown model"),
-        (413, "too large (body, image pixels, element count, text, tokens, inputs)"),
-        (415, "unsupported content type, image format or mode"),
-        (422, "well-formed but unprocessable input (too small, animated, refused by the model)"),
-        (408, "the request body did not arrive in time"),
-        (429, "queue full (Retry-After)"),
-        (500, "the model failed or returned NaN"),
-        (503, "circuit breaker open (Retry-After), or the model failed its load check"),
-        (504, "request timeout"),
-    )
-}
+    return ModelFailure(exc)

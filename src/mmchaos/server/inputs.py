@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmchaos.guard.preflight import estimate_tokens
-from mmchaos.server.errors import HTTPError
+from mmchaos.server.errors import ServerError
 from mmchaos.server.protocol import ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
 
 #: Chat roles a generative target takes (``developer`` is OpenAI's newer name of ``system``).
@@ -54,15 +54,15 @@ def chat_turns(messages: Sequence[ChatMessage], max_items: int) -> list[Turn]:
     for i, m in enumerate(messages):
         if m.role not in CHAT_ROLES:
             roles = ", ".join(sorted(CHAT_ROLES))
-            raise HTTPError(
-                400, "bad_messages", f"message {i} has role {m.role!r}; this server takes {roles}",
+            raise ServerError(
+                f"message {i} has role {m.role!r}; this server takes {roles}", code="bad_messages",
                 param=f"messages[{i}].role",
             )  # fmt: skip
         items = tuple(part_item(p, where) for p, where in message_parts(m.content, f"messages[{i}]"))
         turns.append(Turn(m.role, items, plain=not isinstance(m.content, list)))
     count = sum(len(t.items) for t in turns)
     if count > max_items:
-        raise HTTPError(413, "too_many_inputs", f"{count} content parts; the limit is {max_items}", param="messages")
+        raise ServerError(f"{count} content parts; the limit is {max_items}", code="too_many_inputs", param="messages")
     return turns
 
 
@@ -70,11 +70,11 @@ def bare_data_url_bytes(url: str) -> bytes:
     """The guard-free path's data URL parsing: base64 only, no size checks."""
     head, sep, payload = url.partition(",")
     if not sep or not head.lower().startswith("data:") or not head.lower().endswith(";base64"):
-        raise HTTPError(400, "bad_data_url", "not a base64 data: URL")
+        raise ServerError("not a base64 data: URL", code="bad_data_url")
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise HTTPError(400, "bad_data_url", f"invalid base64: {exc}") from exc
+        raise ServerError(f"invalid base64: {exc}", code="bad_data_url") from exc
 
 
 def message_parts(content: str | list[Any] | None, where: str) -> Iterable[tuple[Any, str]]:
@@ -100,9 +100,9 @@ def embedding_items(body: EmbeddingRequest, max_items: int, detokenize: Detokeni
         if raw and isinstance(raw[0], int):  # one text as token ids
             return [Item("text", detokenize(raw, "input"), "input")]
         if not raw:
-            raise HTTPError(400, "empty_input", "'input' is an empty list", param="input")
+            raise ServerError("'input' is an empty list", code="empty_input", param="input")
         if len(raw) > max_items:
-            raise HTTPError(413, "too_many_inputs", f"{len(raw)} inputs; the limit is {max_items}", param="input")
+            raise ServerError(f"{len(raw)} inputs; the limit is {max_items}", code="too_many_inputs", param="input")
         for i, x in enumerate(raw):
             where = f"input[{i}]"
             if isinstance(x, str):
@@ -115,11 +115,10 @@ def embedding_items(body: EmbeddingRequest, max_items: int, detokenize: Detokeni
     messages: list[ChatMessage] = body.messages or []
     parts = [p for i, m in enumerate(messages) for p in message_parts(m.content, f"messages[{i}]")]
     if len(parts) != 1:
-        raise HTTPError(
-            400,
-            "one_item_per_conversation",
+        raise ServerError(
             f"a 'messages' request embeds exactly one image or one text, got {len(parts)} content parts "
             "(send a batch as 'input' items)",
+            code="one_item_per_conversation",
             param="messages",
         )
     return [part_item(*parts[0])]

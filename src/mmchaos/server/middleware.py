@@ -13,8 +13,9 @@ import uuid
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mmchaos.server.engine import GuardedServer
-from mmchaos.server.errors import CLIENT_CLOSED, HTTPError
+from mmchaos.server.core import GuardedServer
+from mmchaos.server.errors import ServerError
+from mmchaos.server.http_errors import CLIENT_CLOSED, to_answer
 from mmchaos.server.tracing import TRACEPARENT_HEADER, parse_traceparent
 
 __all__ = ["ENDPOINTS", "POST_ENDPOINTS", "REQUEST_ID_HEADER", "RequestEdge"]
@@ -90,31 +91,29 @@ class RequestEdge:
                 status[0] = CLIENT_CLOSED  # the client went away mid-upload: nobody to answer
                 return
         if refusal is not None:
-            self.server.metrics.errors.labels(refusal.code, str(refusal.status)).inc()
-            await refusal.response()(scope, receive, send)
+            await to_answer(refusal).count(self.server.metrics).response()(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive) if body is not None else receive, send)
 
-    def _refuse(self, scope: Scope, headers: dict[str, str], path: str) -> HTTPError | None:
+    def _refuse(self, scope: Scope, headers: dict[str, str], path: str) -> ServerError | None:
         srv = self.server
         if srv.api_keys and path.startswith("/v1/"):
             auth = headers.get("authorization", "")
             scheme, _, key = auth.partition(" ")
             if scheme.lower() != "bearer" or key.strip() not in srv.api_keys:
-                return HTTPError(401, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
+                return ServerError("a valid API key is required (Authorization: Bearer ...)", code="invalid_api_key")
         if scope.get("method") == "POST" and path in POST_ENDPOINTS:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype not in _JSON_TYPES:
-                return HTTPError(
-                    415,
-                    "unsupported_media_type",
+                return ServerError(
                     f"the body must be application/json, got {ctype or 'no content type'}",
+                    code="unsupported_media_type",
                 )
         return None
 
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes | None, HTTPError | None]:
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> tuple[bytes | None, ServerError | None]:
         limit = self.server.config.max_body_bytes
-        too_big = HTTPError(413, "payload_too_large", f"the request body is over {limit} bytes")
+        too_big = ServerError(f"the request body is over {limit} bytes", code="payload_too_large")
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return b"", too_big
@@ -136,7 +135,7 @@ class RequestEdge:
                         return b"".join(chunks), None
         except TimeoutError:
             slow = f"the request body did not arrive within {timeout:g}s"
-            return b"", HTTPError(408, "body_timeout", slow, headers={"Connection": "close"})
+            return b"", ServerError(slow, code="body_timeout", headers={"Connection": "close"})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

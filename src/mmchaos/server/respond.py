@@ -1,4 +1,5 @@
-"""Small pieces every endpoint uses: strict JSON answers, the client-disconnect watch, the error mapping."""
+"""Small pieces every endpoint uses: its server, strict JSON answers, the client-disconnect watch,
+and the line between an mmchaos error and a model that raised."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 
-from mmchaos.server.errors import HTTPError, to_http_error
+from mmchaos.server.core import GuardedServer
+from mmchaos.server.errors import as_domain
 
-__all__ = ["disconnected", "guarded", "json_response"]
+__all__ = ["disconnected", "guarded", "json_response", "server_of"]
 
 T = TypeVar("T")
+
+
+def server_of(request: Request) -> GuardedServer:
+    """The app's one :class:`GuardedServer` (the routers hold no state)."""
+    server: GuardedServer = request.app.state.mmchaos
+    return server
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -31,10 +39,12 @@ async def disconnected(request: Request) -> None:
 
 
 async def guarded(work: Callable[[], Awaitable[T]]) -> T:
-    """``await work()``, every exception turned into the HTTP answer it stands for."""
+    """``await work()``; an exception from it that is not an mmchaos error becomes the model's
+    failure (``model_error``), answered as such rather than as a crash of the server."""
     try:
         return await work()
-    except HTTPError:
-        raise
     except Exception as exc:
-        raise to_http_error(exc) from exc
+        err = as_domain(exc)
+        if err is exc:
+            raise
+        raise err from exc

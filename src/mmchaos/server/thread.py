@@ -25,7 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from mmchaos.errors import UsageError
 from mmchaos.server.app import create_app
 from mmchaos.server.config import ServerConfig
-from mmchaos.server.engine import GuardedServer
+from mmchaos.server.core import GuardedServer
 from mmchaos.targets.base import Target
 
 __all__ = ["ServerThread", "bind", "serve"]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mmchaos._yaml import describe_yaml_error
 from mmchaos.checks import REGISTRY as CHECKS
 from mmchaos.checks.base import AnyCheck
 from mmchaos.errors import ConfigError, UnknownNameError
@@ -94,7 +95,7 @@ def load_suite(name_or_path: str) -> SuiteSpec:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+        raise ConfigError(f"{where}: not valid YAML: {describe_yaml_error(exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: a suite must be a mapping with 'name' and 'checks'")
     try:

@@ -1,70 +1,100 @@
-"""Targets addressed by URI: ``builtin:NAME``, ``hf:PATH``, ``py:module:factory``, plug-in schemes.
+"""Targets addressed by URI: ``builtin:NAME``, ``hf:PATH``, ``onnx:DIR``, ``openai:URL``,
+``py:module:factory``, plug-in schemes.
 
-Third-party adapters register a URI scheme in the ``mmchaos.targets`` entry-point group; the
-value is a ``"module:factory"`` called as ``factory(rest_of_uri, **options)``.
+Each scheme's factory names the pydantic model of its options (:mod:`mmchaos.targets.options`) and is
+called ``factory(rest_of_uri, options)``. Third-party adapters register a URI scheme in the
+``mmchaos.targets`` entry-point group; the value is a ``"module:factory"``, called the same way when
+it names a model and as ``factory(rest_of_uri, **options)`` with :class:`GenericOptions` otherwise.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from mmchaos.errors import MMChaosError, TargetLoadError, UnknownNameError
+from mmchaos.errors import ConfigError, MMChaosError, TargetLoadError, UnknownNameError
 from mmchaos.registry import Registry, closest
 from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.options import (
+    GenericOptions,
+    ResolvedOptions,
+    SchemeOptions,
+    TargetOptions,
+    TorchOptions,
+    resolve_options,
+    takes_options,
+    unknown_option_error,
+)
 from mmchaos.targets.wrappers import DelegatingTarget
 
-__all__ = ["SCHEMES", "Capability", "Fingerprint", "Target", "TargetOptions", "load_target"]
-
-
-@dataclass(frozen=True)
-class TargetOptions:
-    """Options that apply to every scheme; a scheme ignores what it has no use for."""
-
-    trust_remote_code: bool = False
-    use_safetensors: bool = True
-    device: str = "cpu"
-    model: str | None = None
-    """openai: targets: the served model name (default: the one the endpoint lists)."""
-    allow_remote: bool = False
-    """openai: targets: allow hosts that are not loopback addresses."""
-    allow_missing_weights: bool = False
-    """hf: targets: load a checkpoint that leaves weights newly initialised (refused by default)."""
-    threads: int | None = None
-    """torch intra-op threads of the process that loads the target (see :mod:`mmchaos.targets.threads`);
-    None: 1 for the built-in tiny models, torch's default (one per core) for ``hf:`` models."""
+__all__ = [
+    "SCHEMES",
+    "BuiltinOptions",
+    "Capability",
+    "Fingerprint",
+    "GenericOptions",
+    "HFOptions",
+    "SchemeOptions",
+    "Target",
+    "TargetOptions",
+    "load_target",
+    "resolve_target_options",
+]
 
 
 TargetFactory = Callable[..., Target]
 SCHEMES: Registry[TargetFactory] = Registry("target scheme", "mmchaos.targets")
 
 
-def _builtin(rest: str, **options: Any) -> Target:
+class BuiltinOptions(TorchOptions):
+    """``builtin:`` options: the tiny torch models take ``device`` and ``threads``; ``ppocr`` takes neither."""
+
+
+class HFOptions(TorchOptions):
+    """``hf:`` options: how a transformers checkpoint may be loaded, and where it runs."""
+
+    trust_remote_code: bool = False
+    """Let the model repository run its own code."""
+    use_safetensors: bool = True
+    """False: also load pickled (``.bin``) weights."""
+    allow_missing_weights: bool = False
+    """Load a contrastive checkpoint that leaves weights newly initialised (refused by default)."""
+
+
+@takes_options(BuiltinOptions)
+def _builtin(rest: str, options: BuiltinOptions) -> Target:
     """``builtin:NAME``: a model that ships inside the package and loads offline."""
-    from mmchaos.targets.builtin import BUILTIN_TARGETS, load_builtin
+    from mmchaos.targets.builtin import BUILTIN_TARGETS, TORCH_BUILTINS, load_builtin
 
     if rest not in BUILTIN_TARGETS:
         hint = closest(rest, BUILTIN_TARGETS, n=2, prefix="builtin:")
         raise UnknownNameError(f"unknown built-in target {rest!r}{hint} (known: {', '.join(BUILTIN_TARGETS)})")
-    return load_builtin(rest, device=options.get("device", "cpu"), threads=options.get("threads"))
+    if rest not in TORCH_BUILTINS:
+        given = [name for name, unset in (("threads", None), ("device", "cpu")) if getattr(options, name) != unset]
+        if given:
+            raise ConfigError(
+                f"builtin:{rest} runs on ONNX Runtime on the CPU and takes no {' or '.join(given)} option",
+                code="target_option_inapplicable",
+            )
+    return load_builtin(rest, device=options.device, threads=options.threads)
 
 
-def _hf(rest: str, **options: Any) -> Target:
+@takes_options(HFOptions)
+def _hf(rest: str, options: HFOptions) -> Target:
     """``hf:<dir-or-hub-id>``: a transformers model from disk or the local hub cache (CLIP/SigLIP-style or a VLM).
 
     Generative VLMs (their config names a generation head) go to ``hf_vlm``, the rest to ``hf``.
     """
     from mmchaos.targets.threads import apply_threads
 
-    target = _hf_target(rest, **options)
-    apply_threads(options.get("threads"))
+    target = _hf_target(rest, options)
+    apply_threads(options.threads)
     return target
 
 
-def _hf_target(rest: str, **options: Any) -> Target:
+def _hf_target(rest: str, options: HFOptions) -> Target:
     from mmchaos.targets.hf_vlm import is_generative_config
     from mmchaos.targets.hub import local_dir, read_config
 
@@ -72,26 +102,41 @@ def _hf_target(rest: str, **options: Any) -> Target:
     if is_generative_config(read_config(path)):
         from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 
+        if options.allow_missing_weights:
+            raise ConfigError(
+                f"hf:{rest} is a generative VLM, which never loads with weights missing: "
+                "allow_missing_weights applies to contrastive models only",
+                code="target_option_inapplicable",
+            )
         return HFVisionLanguageTarget(
             path,
             uri=f"hf:{rest}",
-            trust_remote_code=bool(options.get("trust_remote_code", False)),
-            use_safetensors=bool(options.get("use_safetensors", True)),
-            device=str(options.get("device", "cpu")),
+            trust_remote_code=options.trust_remote_code,
+            use_safetensors=options.use_safetensors,
+            device=options.device,
         )
     from mmchaos.targets.hf import HFContrastiveTarget
 
     return HFContrastiveTarget(
         rest,
-        trust_remote_code=bool(options.get("trust_remote_code", False)),
-        use_safetensors=bool(options.get("use_safetensors", True)),
-        device=str(options.get("device", "cpu")),
-        allow_missing_weights=bool(options.get("allow_missing_weights", False)),
+        trust_remote_code=options.trust_remote_code,
+        use_safetensors=options.use_safetensors,
+        device=options.device,
+        allow_missing_weights=options.allow_missing_weights,
     )
 
 
+@takes_options(None)
 def _py(rest: str, **options: Any) -> Target:
-    """``py:package.module:factory``: the user's own pipeline, as an object implementing Target."""
+    """``py:package.module:factory``: the user's own pipeline, as an object implementing Target.
+
+    Its options are the factory's keyword parameters; any other option is refused."""
+    factory = _py_factory(rest, options)
+    return _validate(factory(**options), f"py:{rest}")
+
+
+def _py_factory(rest: str, options: Mapping[str, Any]) -> Callable[..., Any]:
+    """The user's factory that ``py:rest`` names, once ``options`` are known to be its parameters."""
     module_name, sep, attr = rest.rpartition(":")
     if not sep or not module_name or not attr:
         raise TargetLoadError(f"py target must look like py:package.module:factory, got py:{rest}")
@@ -99,12 +144,16 @@ def _py(rest: str, **options: Any) -> Target:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TargetLoadError(f"cannot import {module_name!r} for py:{rest}: {exc}") from exc
-    factory = getattr(module, attr, None)
+    factory: Callable[..., Any] | None = getattr(module, attr, None)
     if not callable(factory):
         raise TargetLoadError(f"{module_name}.{attr} is not a callable factory")
     wanted = inspect.signature(factory).parameters
-    kwargs = {k: v for k, v in options.items() if k in wanted}
-    return _validate(factory(**kwargs), f"py:{rest}")
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in wanted.values()):
+        named = [n for n, p in wanted.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for key in options:
+            if key not in named:
+                raise unknown_option_error(f"py:{rest}", key, named)
+    return factory
 
 
 SCHEMES.register("builtin", _builtin)
@@ -147,19 +196,41 @@ def _validate(obj: Any, uri: str) -> Target:
     return obj
 
 
-def load_target(uri: str, options: TargetOptions | None = None) -> Target:
-    """Load the target at ``uri``; every failure is a TargetLoadError (or another UsageError)."""
+def _split(uri: str) -> tuple[str, str]:
     scheme, sep, rest = uri.partition(":")
     if not sep or not rest:
         raise TargetLoadError(f"target must be a URI like builtin:tiny-clip or hf:/path, got {uri!r}")
+    return scheme, rest
+
+
+def resolve_target_options(uri: str, options: Mapping[str, Any] | None = None) -> ResolvedOptions:
+    """Check ``options`` against the options model of ``uri``'s scheme, without loading the target.
+
+    Unknown or invalid options are a one-line :class:`~mmchaos.errors.ConfigError` (exit 2)."""
+    scheme, rest = _split(uri)
+    if scheme == "py":  # its options are the user's factory's parameters: import it to know them
+        _py_factory(rest, options or {})
+    return resolve_options(scheme, SCHEMES.get(scheme), options)
+
+
+def load_target(uri: str, options: Mapping[str, Any] | None = None) -> Target:
+    """Load the target at ``uri`` with ``options`` (a :class:`TargetOptions` or a plain dict),
+    checked against its scheme's options model; every failure is a TargetLoadError (or another UsageError).
+    """
+    scheme, rest = _split(uri)
     factory = SCHEMES.get(scheme)
-    opts = asdict(options or TargetOptions())
+    resolved = resolve_options(scheme, factory, options)
     try:
-        target = _validate(factory(rest, **opts), uri)
-        # Worker processes (contract, determinism) reload the target with the same options,
-        # unless the target recorded more precise ones itself (e.g. the model it discovered).
-        if not target.load_options:
-            target.load_options = dict(opts)
+        if resolved.model is None:
+            made = factory(rest, **resolved.load_options)
+        elif type(resolved.model) is GenericOptions:
+            made = factory(rest, **resolved.model.model_dump())  # a factory that names no model: kwargs, as ever
+        else:
+            made = factory(rest, resolved.model)
+        target = _validate(made, uri)
+        # Worker processes (contract, determinism) reload the target with the same options, and
+        # with what the target recorded more precisely itself (e.g. the model it discovered).
+        target.load_options = {**resolved.load_options, **dict(target.load_options or {})}
         return target
     except MMChaosError:
         raise

@@ -67,7 +67,8 @@ class Target:
     """Declared pixel count above which :meth:`decode_image` refuses an image (Pillow's default)."""
     load_options: Mapping[str, Any] = MappingProxyType({})
     """Options that reload this target with ``load_target(uri, TargetOptions(**load_options))``
-    in another process (the contract and determinism checks run targets in worker processes)."""
+    in another process (the contract and determinism checks run targets in worker processes): a
+    plain JSON dict that its scheme's options model reads back (set by :func:`~mmchaos.targets.load_target`)."""
 
     def has(self, *caps: Capability) -> bool:
         return all(c in self.capabilities for c in caps)

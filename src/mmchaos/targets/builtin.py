@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mmchaos.targets.base import Target
 
-__all__ = ["BUILTIN_TARGETS", "TINY_CLIP_DIR", "TINY_VLM_DIR", "load_builtin"]
+__all__ = ["BUILTIN_TARGETS", "TINY_CLIP_DIR", "TINY_VLM_DIR", "TORCH_BUILTINS", "load_builtin"]
 
 TINY_CLIP_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-clip"
 TINY_VLM_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-vlm"
@@ -17,6 +17,8 @@ BUILTIN_TARGETS = {
     "ppocr": "PP-OCRv4 text-line recognizer from rapidocr-onnxruntime (reads text)",
     "ppocr-det": "PP-OCRv4 detection + recognition pipeline (reads text in whole images; slow)",
 }
+TORCH_BUILTINS = frozenset({"tiny-clip", "tiny-vlm"})
+"""The built-ins that run on torch (and so take ``device`` and ``threads``); the others run on ONNX Runtime."""
 
 
 def load_builtin(name: str, *, device: str = "cpu", threads: int | None = None, **_: object) -> Target:

@@ -48,7 +48,7 @@ def decode_text_bytes(blob: bytes) -> str:
     except UnicodeDecodeError as exc:
         raise TargetCallError(
             f"text is not valid UTF-8: {exc.reason} at byte {exc.start} ({bytes(blob[exc.start : exc.end])!r})",
-            code="text_invalid_utf8",
+            code="bad_utf8",
         ) from exc
 
 

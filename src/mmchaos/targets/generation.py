@@ -19,7 +19,6 @@ import numpy.typing as npt
 from mmchaos.errors import TargetCallError
 
 __all__ = [
-    "TARGET_FAULT_CODES",
     "Completion",
     "ContentPart",
     "FinishReason",
@@ -30,10 +29,6 @@ __all__ = [
     "as_messages",
     "cut_at_stop",
 ]
-
-TARGET_FAULT_CODES = frozenset({"generate_failed", "processor_failed"})
-"""Codes of a ``TargetCallError`` that is the target's own fault (its model crashed, its processor
-failed on a request it should take), not the request's: a server answers them 500, never 4xx."""
 
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length"]

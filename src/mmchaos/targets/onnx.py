@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.guard.artefacts import package_versions
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target, component_hashes
 from mmchaos.targets.decode import check_image_array
+from mmchaos.targets.options import SchemeOptions, takes_options
 
-__all__ = ["IMAGE_FILE", "MANIFEST", "TEXT_FILE", "OnnxTarget", "load_onnx"]
+__all__ = ["IMAGE_FILE", "MANIFEST", "TEXT_FILE", "OnnxOptions", "OnnxTarget", "load_onnx"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,29 @@ log = logging.getLogger(__name__)
 MANIFEST = "mmchaos_export.json"
 IMAGE_FILE = "image_encoder.onnx"
 TEXT_FILE = "text_encoder.onnx"
+
+
+class OnnxOptions(SchemeOptions):
+    """``onnx:`` options: where ONNX Runtime runs the graphs, and on how many threads."""
+
+    device: str = "cpu"
+    """``cpu`` (CPUExecutionProvider) or ``cuda`` / ``cuda:N`` (CUDAExecutionProvider on device N)."""
+    threads: int | None = Field(None, ge=1)
+    """ONNX Runtime intra-op threads of each session (None: its default, one per core)."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", value):
+            raise ValueError("ONNX Runtime runs on cpu, cuda or cuda:N")
+        return value
+
+    def providers(self) -> list[Any]:
+        """The execution providers for :class:`OnnxTarget`, in ONNX Runtime's list form."""
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        _, _, index = self.device.partition(":")
+        return [("CUDAExecutionProvider", {"device_id": int(index or 0)})]
 
 
 class OnnxTarget(Target):
@@ -44,7 +70,7 @@ class OnnxTarget(Target):
         *,
         uri: str | None = None,
         threads: int | None = None,
-        providers: Sequence[str] = ("CPUExecutionProvider",),
+        providers: Sequence[Any] = ("CPUExecutionProvider",),
     ) -> None:
         ort = require("onnxruntime")
         transformers = require("transformers")
@@ -57,9 +83,18 @@ class OnnxTarget(Target):
             self.manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
         except (OSError, ValueError) as exc:
             raise TargetLoadError(f"unreadable {manifest_path}: {exc}") from exc
+        wanted = [p if isinstance(p, str) else p[0] for p in providers]
+        missing = [p for p in wanted if p not in ort.get_available_providers()]
+        if missing:
+            raise TargetLoadError(
+                f"this onnxruntime has no {', '.join(missing)} (it has: {', '.join(ort.get_available_providers())}); "
+                "install the build for that device (onnxruntime-gpu for cuda) or choose another device",
+                code="onnx_provider_missing",
+            )
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        self.threads = threads
         self.sessions: dict[str, Any] = {}
         for kind, name in (("image", IMAGE_FILE), ("text", TEXT_FILE)):
             if (self.path / name).is_file():
@@ -69,6 +104,12 @@ class OnnxTarget(Target):
                     )
                 except Exception as exc:  # onnxruntime raises its own untyped errors
                     raise TargetLoadError(f"ONNX Runtime cannot load {self.path / name}: {exc}") from exc
+                running = self.sessions[kind].get_providers()
+                if running[:1] != wanted[:1]:  # ONNX Runtime falls back to the CPU without a word
+                    raise TargetLoadError(
+                        f"ONNX Runtime runs {name} on {running[0] if running else 'nothing'}, not {wanted[0]}",
+                        code="onnx_provider_missing",
+                    )
         if not self.sessions:
             raise TargetLoadError(f"{self.path} holds neither {IMAGE_FILE} nor {TEXT_FILE} (make one: mmchaos export)")
         caps = {Capability.PREPROCESS}
@@ -113,12 +154,12 @@ class OnnxTarget(Target):
     def tokenize(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="text_bad_type")
+                raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="bad_text_type")
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise TargetCallError(
-                    f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="text_invalid"
+                    f"text {i} holds characters UTF-8 cannot encode ({exc.reason})", code="bad_utf8"
                 ) from exc
         # The tokenizer truncates at its own limit, as a deployment that loads it would; a text
         # that still has more tokens than the graph has positions is a typed refusal.
@@ -189,10 +230,21 @@ class OnnxTarget(Target):
             config=str(expected.get("config", "")),
         )
 
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        first = next(iter(self.sessions.values()), None)
+        if first is not None:  # read back from the session: what ONNX Runtime runs, not what was asked
+            out["runtime"] = {
+                "providers": list(first.get_providers()),
+                "intra_op_threads": int(first.get_session_options().intra_op_num_threads),
+            }
+        return out
+
     def close(self) -> None:
         self.sessions = {}
 
 
-def load_onnx(rest: str, **options: Any) -> Target:
+@takes_options(OnnxOptions)
+def load_onnx(rest: str, options: OnnxOptions) -> Target:
     """The ``onnx:`` scheme's factory: ``onnx:<export directory>``."""
-    return OnnxTarget(rest, uri=f"onnx:{rest}")
+    return OnnxTarget(rest, uri=f"onnx:{rest}", threads=options.threads, providers=options.providers())

@@ -8,8 +8,10 @@ one of three forms (``image_input``): ``"messages"``, one per request in vLLM's 
 server, :meth:`OpenAITarget.connect` probes each form and keeps the first that embeds pixels, not
 bytes: the same picture in two PNG encodings must give the same vector and a different picture a
 different one, so a text-only server that embeds the data URL as a string is not taken for an image
-model. What the probe tried is in ``describe()["endpoint"]["probe"]``; a modality the endpoint half
-supports but that could not be tested is in :meth:`OpenAITarget.untested_modalities`, which the
+model. Each form's bodies are built by :mod:`.openai_forms`, which the serving experiments use too,
+so their traffic speaks the form found here. What the probe tried is in
+``describe()["endpoint"]["probe"]``; a modality the endpoint half supports but that could not be
+tested is in :meth:`OpenAITarget.untested_modalities`, which the
 ``modality_coverage`` check turns into a warning.
 
 Generation goes to ``POST {base}/chat/completions`` with ``image_url`` parts (data URLs), ``n``,
@@ -54,6 +56,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+from pydantic import Field
 
 from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
@@ -63,6 +66,14 @@ from mmchaos.targets.generation import (
     GenerationResult,
     Message,
     as_messages,
+)
+from mmchaos.targets.openai_forms import (
+    IMAGE_FORMS,
+    ImageForm,
+    chat_body,
+    chat_image_content,
+    embeddings_form,
+    text_body,
 )
 from mmchaos.targets.openai_wire import (
     EndpointError,
@@ -74,17 +85,17 @@ from mmchaos.targets.openai_wire import (
     png_bytes,
     sse_deltas,
 )
+from mmchaos.targets.options import SchemeOptions, takes_options
 
-__all__ = ["EndpointError", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
+__all__ = ["EndpointError", "OpenAIOptions", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
 
 HTTP_CAPABILITIES = frozenset(
     {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
 )
-ImageInput = Literal["input", "messages", "data_url"]
-IMAGE_FORMS: tuple[ImageInput, ...] = ("messages", "input", "data_url")
-"""The ways of sending an image to ``/embeddings`` that the probe tries, in this order."""
+ImageInput = ImageForm
+"""The image forms of ``/embeddings`` (:mod:`.openai_forms` builds their bodies)."""
 _RETRY_STATUSES = frozenset({429, 503})
 Resolver = Callable[..., list[tuple[Any, ...]]]
 
@@ -194,6 +205,8 @@ class OpenAITarget(Target):
         self.capabilities = frozenset(Capability(c) for c in capabilities) & HTTP_CAPABILITIES
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.image_input: ImageInput = image_input
+        self.image_forms: tuple[ImageInput, ...] = IMAGE_FORMS
+        """The image forms the probe tries (one, when the user declared it)."""
         self.probe: dict[str, Any] = {"source": "declared"}
         """What discovery tried and found (describe()'s evidence)."""
         self.gaps: dict[str, str] = {}
@@ -243,22 +256,26 @@ class OpenAITarget(Target):
         *,
         model: str | None = None,
         capabilities: Iterable[Capability | str] | None = None,
+        image_input: ImageInput | None = None,
         **kwargs: Any,
     ) -> OpenAITarget:
         """Reach the endpoint, pick the model and learn what it can do (or take ``capabilities``).
 
         Discovery: ``GET /models`` (an ``mmchaos`` block there gives capabilities, fingerprint and
-        batching), else one tiny text and one tiny image embedding request. Failures are
+        batching), else one tiny text and one tiny image embedding request. A given ``image_input``
+        is the one image form used (and the only one probed). Failures are
         :class:`~mmchaos.errors.TargetLoadError`.
         """
-        probe = cls(base_url, model=model or "", capabilities=(), **kwargs)
+        probe = cls(base_url, model=model or "", capabilities=(), image_input=image_input or "messages", **kwargs)
+        if image_input is not None:
+            probe.image_forms = (image_input,)
         try:
             cards = probe._list_models()
             chosen = probe._choose(model, cards)
             card = next((c for c in cards if c.get("id") == chosen), {})
             meta = card.get("mmchaos") if isinstance(card.get("mmchaos"), dict) else None
             probe.model = chosen
-            if meta is not None:
+            if meta is not None and image_input is None:
                 probe.image_input = "input" if "input" in (meta.get("image_input") or ()) else "messages"
                 probe.max_items = int(meta.get("max_items") or probe.max_items)
             if capabilities is not None:
@@ -355,7 +372,7 @@ class OpenAITarget(Target):
         blobs = [png_bytes(a), png_bytes(a, variant=True), png_bytes(b)]
         evidence: list[dict[str, Any]] = []
         original = self.image_input
-        for form in IMAGE_FORMS:
+        for form in self.image_forms:
             self.image_input = form
             try:
                 vectors = [self.embed_encoded_images([blob])[0] for blob in blobs]
@@ -377,11 +394,8 @@ class OpenAITarget(Target):
         return None, evidence
 
     def _chat_probe(self, image: ImageArray | None) -> None:
-        content: list[dict[str, Any]] = [{"type": "text", "text": "Say OK."}]
-        if image is not None:
-            content.insert(0, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}})
-        payload = {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1,
-                   "temperature": 0}  # fmt: skip
+        urls = [] if image is None else [data_url(png_bytes(image))]
+        payload = chat_body(self.model, chat_image_content(urls, "Say OK."), max_tokens=1, temperature=0)
         body = self._post("/chat/completions", payload)
         if not isinstance(body.get("choices"), list) or not body["choices"]:
             raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
@@ -481,9 +495,14 @@ class OpenAITarget(Target):
             raise EndpointError(f"POST {path}: {out.shape[0]} embeddings for {n} inputs", code="bad_response")
         return out
 
-    def _embed(self, inputs: list[Any]) -> FloatArray:
-        payload = {"model": self.model, "input": inputs, "encoding_format": self.encoding_format}
-        return self._vectors(self._post("/embeddings", payload), len(inputs), "/embeddings")
+    def _embed_texts(self, texts: list[str]) -> FloatArray:
+        payload = text_body(self.model, texts, self.encoding_format)
+        return self._vectors(self._post("/embeddings", payload), len(texts), "/embeddings")
+
+    def _embed_urls(self, urls: list[str]) -> FloatArray:
+        """One ``/embeddings`` request for ``urls`` in the endpoint's image form."""
+        payload = embeddings_form(self.image_input).body(self.model, urls, self.encoding_format)
+        return self._vectors(self._post("/embeddings", payload), len(urls), "/embeddings")
 
     def _chunks(self, items: Sequence[Any]) -> list[list[Any]]:
         return [list(items[i : i + self.max_items]) for i in range(0, len(items), self.max_items)]
@@ -501,7 +520,7 @@ class OpenAITarget(Target):
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TargetCallError(f"text {i} is {type(t).__name__}, not str", code="bad_text_type")
-        return self._join(self._map(self._embed, self._chunks(list(texts))))
+        return self._join(self._map(self._embed_texts, self._chunks(list(texts))))
 
     def embed_images(self, images: Sequence[ImageArray]) -> FloatArray:
         return self.embed_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
@@ -514,21 +533,8 @@ class OpenAITarget(Target):
             if not isinstance(blob, bytes | bytearray | memoryview):
                 raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
             urls.append(data_url(bytes(blob)))
-        if self.image_input == "input":
-            parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
-            return self._join(self._map(self._embed, self._chunks(parts)))
-        if self.image_input == "data_url":
-            return self._join(self._map(self._embed, self._chunks(urls)))
-
-        def one(url: str) -> FloatArray:
-            payload = {
-                "model": self.model,
-                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
-                "encoding_format": self.encoding_format,
-            }
-            return self._vectors(self._post("/embeddings", payload), 1, "/embeddings")
-
-        return self._join(self._map(one, urls))
+        batches = self._chunks(urls) if embeddings_form(self.image_input).batched else [[u] for u in urls]
+        return self._join(self._map(self._embed_urls, batches))
 
     def read_text(self, images: Sequence[ImageArray]) -> list[str]:
         return self.read_encoded_images([png_bytes(img, i) for i, img in enumerate(images)])
@@ -542,13 +548,7 @@ class OpenAITarget(Target):
         self._require(Capability.READ_TEXT, "read text")
 
         def one(blob: bytes) -> str:
-            payload = {
-                "model": self.model,
-                "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(blob)}}]}
-                ],
-                "temperature": 0,
-            }
+            payload = chat_body(self.model, chat_image_content([data_url(blob)]), temperature=0)
             body = self._post("/chat/completions", payload)
             try:
                 content = body["choices"][0]["message"]["content"]
@@ -695,7 +695,8 @@ class OpenAITarget(Target):
         out = super().describe()
         out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
                            "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
-                           "untested_modalities": dict(self.gaps)}  # fmt: skip
+                           "untested_modalities": dict(self.gaps), "timeout": self.timeout,
+                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency}  # fmt: skip
         return out
 
     def close(self) -> None:
@@ -710,12 +711,44 @@ class OpenAITarget(Target):
         return f"OpenAITarget({self.base_url!r}, model={self.model!r}, api_key={self.api_key_env}:{key})"
 
 
-def load_openai(rest: str, **options: Any) -> OpenAITarget:
-    """The ``openai:`` scheme: ``openai:http://127.0.0.1:8000/v1`` with TargetOptions ``model`` and
-    ``allow_remote``."""
-    return OpenAITarget.connect(
-        rest, model=options.get("model") or None, allow_remote=bool(options.get("allow_remote", False))
-    )
+class OpenAIOptions(SchemeOptions):
+    """``openai:`` options: which model, where requests may go, how they are sent, timed and retried.
+
+    ``--model`` and ``--allow-remote`` set the first two; a ``--target-config`` YAML file the rest."""
+
+    model: str | None = None
+    """The served model name (None: the one the endpoint lists)."""
+    allow_remote: bool = False
+    """Allow hosts that are not loopback addresses."""
+    image_input: ImageInput | None = None
+    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``); None: from the server's
+    metadata, else the first form the probe finds embedding pixels."""
+    capabilities: list[Capability] | None = None
+    """Declare the capabilities instead of discovering them (e.g. ``[generate]``)."""
+    api_key_env: str = Field("OPENAI_API_KEY", min_length=1)
+    """The environment variable that holds the API key (the key itself is never an option)."""
+    timeout: float = Field(60.0, gt=0)
+    """Seconds per request."""
+    max_retries: int = Field(3, ge=0)
+    """Retries of a 429 or 503 answer (jittered exponential backoff, Retry-After honoured)."""
+    backoff_base: float = Field(0.1, ge=0)
+    backoff_max: float = Field(5.0, ge=0)
+    max_retry_after: float = Field(30.0, ge=0)
+    """A Retry-After longer than this many seconds ends the retries."""
+    max_concurrency: int = Field(4, ge=1)
+    """Requests in flight at once."""
+    max_items: int = Field(64, ge=1)
+    """Inputs per embeddings request (the server's own limit, when it states one, wins)."""
+    encoding_format: Literal["float", "base64"] = "base64"
+    seed: int | None = None
+    """Seed of the backoff jitter."""
+
+
+@takes_options(OpenAIOptions)
+def load_openai(rest: str, options: OpenAIOptions) -> OpenAITarget:
+    """The ``openai:`` scheme: ``openai:http://127.0.0.1:8000/v1`` (options: :class:`OpenAIOptions`)."""
+    settings = options.model_dump(exclude={"model", "capabilities"})
+    return OpenAITarget.connect(rest, model=options.model or None, capabilities=options.capabilities, **settings)
 
 
 def error_of(resp: Any, code: str, message: str) -> tuple[str, str]:

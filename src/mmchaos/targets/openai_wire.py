@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mmchaos.targets.generation import Completion, FinishReason, Message
+from mmchaos.targets.openai_forms import image_part
 
 __all__ = [
     "EndpointError",
@@ -117,7 +118,7 @@ def chat_content(message: Message) -> str | list[dict[str, Any]]:
         if isinstance(part, str):
             parts.append({"type": "text", "text": part})
         else:
-            parts.append({"type": "image_url", "image_url": {"url": data_url(png_bytes(part, i))}})
+            parts.append(image_part(data_url(png_bytes(part, i))))
     return parts
 
 

@@ -79,7 +79,7 @@ def _to_bgr(image: Any, index: int) -> np.ndarray:
     """An RGB uint8 image (gray and RGBA accepted) as a contiguous BGR array for RapidOCR."""
     arr = np.asarray(image)
     if arr.dtype != np.uint8:
-        raise TargetCallError(f"image {index}: expected dtype uint8, got {arr.dtype}", code="target_bad_input")
+        raise TargetCallError(f"image {index}: expected dtype uint8, got {arr.dtype}", code="image_bad_dtype")
     # The declared shape is checked in 64-bit arithmetic before anything is copied: a zero-stride
     # view of 50000x50000 pixels must be refused, not materialised.
     # Grey and RGBA are checked as the (H, W, 3) array they become, like every other decoder.
@@ -94,7 +94,7 @@ def _to_bgr(image: Any, index: int) -> np.ndarray:
     elif arr.ndim == 3 and arr.shape[2] == 4:
         arr = arr[:, :, :3]
     if arr.ndim != 3 or arr.shape[2] != 3:
-        raise TargetCallError(f"image {index}: expected shape (H, W, 3), got {arr.shape}", code="target_bad_input")
+        raise TargetCallError(f"image {index}: expected shape (H, W, 3), got {arr.shape}", code="image_bad_shape")
     return np.ascontiguousarray(arr[:, :, ::-1])
 
 

@@ -5,7 +5,7 @@ their operations are far too small to split, so every one of them pays the threa
 and on a machine whose cores are busy with other work (a CI runner, a laptop running the
 reference server and a load generator) a thread that waits for a core stalls every operation
 (measured 7-14x slower than one thread at load average ~3 on 2 cores). Large models gain from the
-threads, so for ``hf:`` targets the default stays torch's own. ``--threads N`` (``TargetOptions.threads``)
+threads, so for ``hf:`` targets the default stays torch's own. ``--threads N`` (the ``threads`` target option)
 overrides either. The setting is per process (torch has no other), so it is applied when the
 target loads, where the user asked for that target.
 """

@@ -11,6 +11,7 @@ from mmchaos.data.base import Dataset
 from mmchaos.errors import DataError
 from mmchaos.targets.base import Capability, Target
 from mmchaos.tasks.base import FloatArray, ImageArray, Task, TaskResult, embed
+from mmchaos.tasks.ranking import average_precision, ndcg_at
 
 __all__ = ["ImageToTextRetrieval", "TextToImageRetrieval", "ZeroShotClassification"]
 
@@ -74,13 +75,6 @@ class ZeroShotClassification(Task):
         return TaskResult(float(correct.mean()) if len(correct) else 0.0, score, {}, outputs)
 
 
-def _ranks(sim: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
-    """Rank (0 = best) of the diagonal entry of each row of a square similarity matrix."""
-    diag = np.diag(sim)[:, None]
-    ranks: npt.NDArray[np.int64] = (sim > diag).sum(axis=1).astype(np.int64)
-    return ranks
-
-
 class _Retrieval(Task):
     metric_name = "recall@1"
     requires = _BOTH
@@ -125,7 +119,8 @@ class _Retrieval(Task):
         images: Sequence[ImageArray] | None = None,
         texts: Sequence[str] | None = None,
     ) -> TaskResult:
-        return self._result(_ranks(self._similarity(target, dataset, images, texts)))
+        sim = self._similarity(target, dataset, images, texts)
+        return self._result(dataset, sim, np.arange(len(sim), dtype=np.int64))
 
     def evaluate_shard(
         self,
@@ -149,15 +144,31 @@ class _Retrieval(Task):
         if (texts if self.query == "image" else images) is not None:
             gallery = gallery.copy()
             gallery[rows] = own
-        sim = queries @ gallery.T
-        mine = sim[np.arange(len(rows)), rows][:, None]
-        return self._result((sim > mine).sum(axis=1).astype(np.int64))
+        return self._result(dataset, queries @ gallery.T, rows)
 
-    def _result(self, ranks: npt.NDArray[np.int64]) -> TaskResult:
-        r1 = float((ranks < 1).mean()) if len(ranks) else 0.0
-        r5 = float((ranks < 5).mean()) if len(ranks) else 0.0
+    def _result(self, dataset: Dataset, sim: npt.NDArray[np.float32], rows: npt.NDArray[np.int64]) -> TaskResult:
+        """Scores of queries ``rows`` (each paired with gallery item ``rows[i]``) from their similarities.
+
+        recall@k and the mean rank follow the paired item alone; mAP and nDCG@10 count every gallery
+        item that shares the query's label as relevant (only the paired item where the set has no
+        labels), so a ranking that keeps the pair first and buries the rest of the class shows.
+        """
+        ranks = (sim > sim[np.arange(len(rows)), rows][:, None]).sum(axis=1).astype(np.int64)
+        labels = [s.label for s in dataset]
+        if dataset.has_labels and all(label is not None for label in labels):
+            codes = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)[1]
+            relevant = codes[None, :] == codes[rows][:, None]
+        else:
+            relevant = np.arange(sim.shape[1])[None, :] == rows[:, None]
+        n = len(ranks)
+        extra = {
+            "recall@5": float((ranks < 5).mean()) if n else 0.0,
+            "mean_rank": float(ranks.mean() + 1) if n else 0.0,
+            "mAP": float(average_precision(sim, relevant).mean()) if n else 0.0,
+            "ndcg@10": float(ndcg_at(sim, relevant, 10).mean()) if n else 0.0,
+        }
         score = 1.0 / (1.0 + ranks.astype(np.float64))
-        return TaskResult(r1, score, {"recall@5": r5, "mean_rank": float(ranks.mean() + 1) if len(ranks) else 0.0})
+        return TaskResult(float((ranks < 1).mean()) if n else 0.0, score, extra)
 
 
 class TextToImageRetrieval(_Retrieval):

@@ -26,6 +26,7 @@ def _trained(model_dir: Path) -> None:
         pytest.skip("needs the trained built-in tiny-clip")  # pragma: no cover
 
 
+@pytest.mark.check_contract("typographic_attack", "broken")
 def test_typographic_attack_fails_a_model_that_reads_the_written_word(model_dir: Path) -> None:
     target = reads_text(model_dir, DATA.classes)
     [finding] = run_check_class(TypographicAttack, target, {"samples": 16}, data=DATA)
@@ -49,6 +50,7 @@ def test_typographic_attack_fails_a_model_that_reads_the_written_word(model_dir:
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(saved))), again)
 
 
+@pytest.mark.check_contract("typographic_attack", "clean")
 def test_typographic_attack_passes_tiny_clip(model_dir: Path) -> None:
     _trained(model_dir)
     from mmchaos.targets.hf import HFContrastiveTarget
@@ -68,6 +70,7 @@ def test_typographic_examples_replay_from_their_parameters(model_dir: Path) -> N
     assert np.array_equal(replay(image, params), attacked) and not np.array_equal(attacked, image)
 
 
+@pytest.mark.check_contract("semantic_margin", "broken")
 def test_semantic_margin_fails_a_checkerboard_gain_model(model_dir: Path) -> None:
     _trained(model_dir)
     [finding] = run_check_class(SemanticMargin, checker_gain(model_dir), {"samples": 16}, data=DATA)
@@ -77,6 +80,7 @@ def test_semantic_margin_fails_a_checkerboard_gain_model(model_dir: Path) -> Non
     assert finding.evidence["worst_cases"][0]["moved_to"] != finding.evidence["worst_cases"][0]["truth"]
 
 
+@pytest.mark.check_contract("semantic_margin", "clean")
 def test_semantic_margin_passes_tiny_clip(model_dir: Path) -> None:
     _trained(model_dir)
     from mmchaos.targets.hf import HFContrastiveTarget

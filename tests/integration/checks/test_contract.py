@@ -8,9 +8,9 @@ import pytest
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractParams
-from mmchaos.checks.contract.corpus import get_case
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
+from mmchaos.hostile import get_case
 from mmchaos.runner import TimedTarget
 from tests.fakes import broken_targets as bt
 from tests.fakes import targets as fakes
@@ -29,6 +29,7 @@ def _failures(findings: list[Finding]) -> dict[str, Finding]:
     return {f.evidence["case"]: f for f in findings if f.verdict == Verdict.FAIL}
 
 
+@pytest.mark.check_contract("contract", "clean")
 @pytest.mark.integration
 def test_a_validating_target_passes_the_whole_corpus() -> None:
     findings = _run(bt.ContractSafeTarget())
@@ -43,6 +44,7 @@ def test_a_validating_target_passes_the_whole_corpus() -> None:
     assert passed["int32_png_50000x50000"].startswith("rejected: TargetCallError[element_count_overflow]")
 
 
+@pytest.mark.check_contract("contract", "broken")
 @pytest.mark.integration
 def test_a_processor_that_ignores_exif_fails_every_rotated_photo() -> None:
     failures = _failures(_run(bt.ExifIgnoringTarget(), cases=["exif", "mode_L", "zero_byte"]))

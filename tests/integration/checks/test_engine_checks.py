@@ -35,6 +35,7 @@ def _parts(findings: list[Finding]) -> dict[str, Finding]:
     return {f.evidence["part"]: f for f in findings}
 
 
+@pytest.mark.check_contract("precision", "clean")
 def test_precision_passes_the_model_and_restores_it_bit_for_bit(model_dir: Path) -> None:
     import numpy as np
 
@@ -50,6 +51,7 @@ def test_precision_passes_the_model_and_restores_it_bit_for_bit(model_dir: Path)
     assert np.array_equal(before, target.embed_images([DATA[0].load_image()])), "fp32 weights must come back exactly"
 
 
+@pytest.mark.check_contract("precision", "broken")
 def test_precision_names_the_layer_that_overflows_in_fp16(model_dir: Path) -> None:
     findings = _run(Precision(PrecisionParams(samples=16, dtypes=["float16", "bfloat16"])), bt.fp16_overflow())
     fp16 = next(f for f in findings if f.evidence["dtype"] == "float16")
@@ -65,6 +67,25 @@ def test_precision_names_the_layer_that_overflows_in_fp16(model_dir: Path) -> No
     assert bf16.evidence.get("nonfinite_origin") is None, "bf16 has fp32's range: no overflow"
 
 
+def test_precision_names_the_layer_where_error_grows_when_nothing_overflows(model_dir: Path) -> None:
+    """Every value stays finite, so no NaN origin names a module; the per-layer errors against fp32
+    still name the MLP whose offset cancellation loses the signal (issue 25, item 4)."""
+    findings = _run(Precision(PrecisionParams(samples=8, dtypes=["float16"])), bt.fp16_cancellation())
+    [fp16] = findings
+    assert fp16.verdict == Verdict.FAIL and "nonfinite_origin" not in fp16.evidence
+    layers = fp16.evidence["layer_error"]
+    assert layers["growth"]["module"] == "vision_model.encoder.layers.0.mlp.fc2", layers["largest_growth"]
+    assert layers["growth"]["output_error"] > 10 * layers["growth"]["input_error"]
+    assert "error grows most at module 'vision_model.encoder.layers.0.mlp.fc2'" in fp16.title
+
+
+def test_precision_reports_per_layer_error_on_a_clean_model_too(model_dir: Path) -> None:
+    [fp16] = _run(Precision(PrecisionParams(samples=8, dtypes=["float16"])), bt.tiny_clip())
+    layers = fp16.evidence["layer_error"]
+    assert fp16.verdict == Verdict.PASS and layers["modules_compared"] > 20
+    assert layers["final_output_error"] < 0.05 and not layers["truncated"]
+
+
 def test_cast_module_restores_the_original_tensors() -> None:
     import torch
 
@@ -76,6 +97,7 @@ def test_cast_module_restores_the_original_tensors() -> None:
     assert module[1].running_mean.dtype == torch.float32
 
 
+@pytest.mark.check_contract("context_boundary", "clean")
 def test_context_boundary_passes_a_target_that_rejects_over_long_text(model_dir: Path) -> None:
     parts = _parts(_run(ContextBoundary(), bt.rejects_long_text()))
     assert {k: f.verdict for k, f in parts.items()} == {
@@ -96,6 +118,7 @@ def test_context_boundary_warns_on_the_plain_models_truncation_at_its_own_limit(
     assert allowed["beyond"].verdict == Verdict.PASS and "allowed by the gate" in allowed["beyond"].title
 
 
+@pytest.mark.check_contract("context_boundary", "broken")
 def test_context_boundary_finds_a_tokenizer_that_truncates_early(model_dir: Path) -> None:
     target = bt.early_truncation()
     parts = _parts(_run(ContextBoundary(), target))

@@ -75,12 +75,14 @@ def run_check(check: Any, target: Any) -> list[Finding]:
 # -- image_cache_isolation ---------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("image_cache_isolation", "clean")
 def test_image_cache_isolation_passes_a_clean_vlm(qwen: HFVisionLanguageTarget) -> None:
     [finding] = run_check(ImageCacheIsolation(), qwen)
     assert finding.verdict == Verdict.PASS, finding.title
     assert finding.metrics["with_logprobs"] == 1.0 and finding.metrics["requests"] == 9
 
 
+@pytest.mark.check_contract("image_cache_isolation", "broken")
 def test_image_cache_isolation_fails_a_cache_keyed_on_the_prompt_text(qwen: HFVisionLanguageTarget) -> None:
     [finding] = run_check(ImageCacheIsolation(), bv.TextKeyedCacheVLM(qwen))
     assert finding.verdict == Verdict.FAIL, finding.title
@@ -106,12 +108,14 @@ def test_image_cache_isolation_only_warns_when_texts_are_all_it_has(qwen: HFVisi
 # -- multi_turn_consistency --------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("multi_turn_consistency", "clean")
 def test_multi_turn_consistency_passes_a_clean_vlm(qwen: HFVisionLanguageTarget) -> None:
     [finding] = run_check(MultiTurnConsistency(), qwen)
     assert finding.verdict == Verdict.PASS, finding.title
     assert finding.metrics["first_image_changes_last_answer"] == 1.0
 
 
+@pytest.mark.check_contract("multi_turn_consistency", "broken")
 def test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image(qwen: HFVisionLanguageTarget) -> None:
     [finding] = run_check(MultiTurnConsistency(), bv.FirstImageOnlyVLM(qwen))
     assert finding.verdict == Verdict.FAIL, finding.title
@@ -121,12 +125,14 @@ def test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image(q
 # -- generation_batch_invariance ---------------------------------------------------------------
 
 
+@pytest.mark.check_contract("generation_batch_invariance", "clean")
 def test_generation_batch_invariance_passes_a_clean_left_padded_vlm(qwen: HFVisionLanguageTarget) -> None:
     [finding] = run_check(GenerationBatchInvariance(), qwen)
     assert finding.verdict == Verdict.PASS, finding.title
     assert finding.metrics["max_distinct_completions"] == 1 and finding.metrics["mismatched_probes"] == 0
 
 
+@pytest.mark.check_contract("generation_batch_invariance", "broken")
 def test_generation_batch_invariance_fails_batch_dependent_logits(qwen_dir: Path) -> None:
     broken = bv.BatchBiasedVLM(qwen_dir)
     [finding] = run_check(GenerationBatchInvariance(), broken)
@@ -148,6 +154,7 @@ def test_generation_batch_invariance_fails_right_padding(qwen: HFVisionLanguageT
 # -- image_token_consistency -------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("image_token_consistency", "clean")
 @pytest.mark.parametrize("family", ["qwen2_vl", "llava", "idefics3"])
 def test_image_token_consistency_passes_clean_vlms(
     family: str, family_vlms: Callable[[str], HFVisionLanguageTarget]
@@ -163,6 +170,7 @@ def test_image_token_consistency_passes_clean_vlms(
     assert outcomes["placeholder_without_image"]["code"] == "processor_refused"
 
 
+@pytest.mark.check_contract("image_token_consistency", "broken")
 def test_image_token_consistency_fails_a_vlm_that_drops_an_image(qwen: HFVisionLanguageTarget) -> None:
     findings = {f.evidence["part"]: f for f in run_check(ImageTokenConsistency(), bv.OneImageVLM(qwen))}
     expansion = findings["expansion"]
@@ -181,6 +189,7 @@ def short_llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bv.shrink_context(build_tiny_vlm("llava", tmp_path_factory.mktemp("llava96")), 96)
 
 
+@pytest.mark.check_contract("image_context_boundary", "clean")
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
 def test_image_context_boundary_passes_a_vlm_that_refuses_past_its_positions(
     family: str, tmp_path_factory: pytest.TempPathFactory
@@ -195,6 +204,7 @@ def test_image_context_boundary_passes_a_vlm_that_refuses_past_its_positions(
     assert codes == {"context_exceeded"}
 
 
+@pytest.mark.check_contract("image_context_boundary", "broken")
 def test_image_context_boundary_fails_silent_image_truncation(short_llava_dir: Path) -> None:
     broken = bv.TruncatingLlava(short_llava_dir)
     [finding] = run_check(ImageContextBoundary(), broken)
@@ -215,6 +225,7 @@ def test_image_context_boundary_skips_without_a_limit(qwen: HFVisionLanguageTarg
 # -- generation_precision ----------------------------------------------------------------------
 
 
+@pytest.mark.check_contract("generation_precision", "clean")
 def test_generation_precision_passes_a_clean_vlm_and_restores_it(qwen: HFVisionLanguageTarget) -> None:
     before = qwen.generate("Describe.", [DATA[0].load_image()])
     findings = {f.evidence["dtype"]: f for f in run_check(GenerationPrecision(), qwen)}
@@ -226,6 +237,7 @@ def test_generation_precision_passes_a_clean_vlm_and_restores_it(qwen: HFVisionL
     assert before.token_ids == after.token_ids and before.logprobs == after.logprobs  # fp32 back bit for bit
 
 
+@pytest.mark.check_contract("generation_precision", "broken")
 def test_generation_precision_fails_a_layer_that_overflows_in_fp16(tmp_path: Path) -> None:
     path = build_tiny_vlm("qwen2_vl", tmp_path / "qwen-overflow")
     scaled = bv.overflow_in_fp16(path)

@@ -43,6 +43,7 @@ def test_thread_safety_on_real_models(model_dir: Path) -> None:
     assert bad["embed_texts"].verdict == Verdict.PASS
 
 
+@pytest.mark.check_contract("determinism", "clean")
 @pytest.mark.integration
 def test_determinism_passes_a_deterministic_target_in_and_across_processes() -> None:
     findings = _run(Determinism(), bt.ContractSafeTarget())
@@ -78,6 +79,7 @@ def test_determinism_across_processes_on_a_real_model(model_dir: Path) -> None:
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.PASS], [f.title for f in findings]
 
 
+@pytest.mark.check_contract("fingerprint_match", "clean")
 def test_fingerprint_match_passes_matching_components(model_dir: Path, tmp_path: Path) -> None:
     lock = tmp_path / "lock.json"
     lock.write_text(json.dumps({"target": {"fingerprint": bt.tiny_clip().fingerprint().to_dict()}}))
@@ -109,6 +111,7 @@ def test_fingerprint_match_finds_a_mismatch_without_any_record(
     assert warned.verdict == Verdict.PASS and warned.title.startswith("warning: ")
 
 
+@pytest.mark.check_contract("fingerprint_match", "broken")
 def test_fingerprint_match_catches_a_normalisation_swap_through_the_lock(model_dir: Path, tmp_path: Path) -> None:
     from mmchaos.targets.hf import HFContrastiveTarget
 

@@ -31,6 +31,7 @@ class LeakyStateTarget(HashEmbedTarget):
         return super().embed_images(images) * np.float32(1.0 + 0.004 * self.calls)
 
 
+@pytest.mark.check_contract("drift_detection", "clean")
 @pytest.mark.integration
 def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> None:
     findings = run(
@@ -52,6 +53,7 @@ def test_drift_detection_passes_a_correct_target_with_real_clean_traffic() -> No
     assert row["material"] and row["detected"] and row["delay_requests"] % 200 == 0
 
 
+@pytest.mark.check_contract("drift_detection", "broken")
 @pytest.mark.integration
 def test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks() -> None:
     findings = run(
@@ -66,6 +68,7 @@ def test_drift_detection_flags_false_alarms_on_a_target_whose_state_leaks() -> N
     assert text.verdict == Verdict.PASS  # only the image path leaks
 
 
+@pytest.mark.check_contract("metrics_exposure", "clean")
 @pytest.mark.integration
 def test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_off() -> None:
     good = run(MetricsExposure, HashEmbedTarget(), {"requests_per_modality": 2})
@@ -88,6 +91,7 @@ def test_metrics_exposure_passes_the_guarded_server_and_fails_one_with_guards_of
     assert next(f for f in bad if f.title.startswith("latency")).verdict == Verdict.PASS
 
 
+@pytest.mark.check_contract("metrics_exposure", "broken")
 @pytest.mark.integration
 def test_metrics_exposure_fails_an_endpoint_without_metrics() -> None:
     from mmchaos.server import ServerConfig, ServerThread

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mmchaos.executors import ExecutorSpec, TargetSpec
-from mmchaos.isolation import WorkerSpec
+from mmchaos.executors.jobs import WorkerSpec
 from mmchaos.runner import RunConfig, run_suite
 from mmchaos.store import RunStore
 from mmchaos.suites import SuiteSpec

@@ -15,9 +15,9 @@ from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractParams
 from mmchaos.checks.integration.determinism import Determinism
 from mmchaos.data.shapes import make_shapes
+from mmchaos.executors.pool import WorkerPool
+from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Verdict
-from mmchaos.isolation import WorkerPool
-from mmchaos.resources import RunResources
 from mmchaos.runner import TimedTarget
 from tests.fakes import broken_targets as bt
 
@@ -66,7 +66,7 @@ def test_a_run_starts_one_pool_early_and_contract_determinism_and_fuzz_use_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool starts before the target is loaded in this process (a spy counts starts; the pool is real)."""
-    import mmchaos.isolation as isolation
+    import mmchaos.executors.pool as isolation
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import SuiteSpec

@@ -46,6 +46,7 @@ def _replay_cli(finding: Finding, tmp_path: Path, capsys: pytest.CaptureFixture[
     return int(exc.value.code or 0), capsys.readouterr().out
 
 
+@pytest.mark.check_contract("contract_fuzz", "broken")
 def test_a_planted_exif_orientation_bug_is_found_within_the_default_budget(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -92,6 +93,7 @@ def test_silent_garbage_is_found_deduplicated_and_minimised(tmp_path: Path, caps
     assert code == 1 and "all-zero embedding" in out
 
 
+@pytest.mark.check_contract("contract_fuzz", "clean")
 def test_a_correct_target_survives_the_fuzzer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     findings = _run(bt.ContractSafeTarget(), max_cases=400)
     assert [f.verdict for f in findings] == [Verdict.PASS], [f.title for f in findings]

@@ -5,8 +5,10 @@ code, and loads a fixture whose fingerprint is stable and whose capabilities are
 it declares answers a tiny input; each one it does not declare raises CapabilityError).
 
 Checks (``mmchaos.checks.REGISTRY``): each has a test in ``tests/`` where a deliberately broken
-target makes it fail and one where a correct target passes it. ``CHECK_TESTS`` names them; the
-tests here hold that mapping to the registry and to test functions that exist and are not skipped.
+target makes it fail and one where a correct target passes it. Those tests say so themselves,
+``@pytest.mark.check_contract("<check>", "broken")`` / ``"clean"``; the tests here find the marks
+(``tests/support/check_contracts.py``) and hold every registered check to having both, on tests
+that exist and are not skipped.
 Perturbations have their registry contract in ``test_perturb.py``.
 """
 
@@ -25,13 +27,8 @@ import pytest
 
 from mmchaos.errors import CapabilityError, UsageError
 from mmchaos.targets import Capability, Fingerprint, Target, load_target
-from tests.paths import REPO
-from tests.support.registry_contracts import (
-    CHECK_TESTS,
-    LOADS,
-    REFUSALS,
-    _module_files,
-)
+from tests.support.check_contracts import CONTRACT_TESTS
+from tests.support.registry_contracts import LOADS, REFUSALS
 
 IMG = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
 
@@ -175,20 +172,16 @@ def test_a_loaded_target_fingerprints_and_its_capabilities_are_honest(
 
 
 @pytest.mark.integration
-def test_the_mapped_tests_are_what_pytest_collects() -> None:
-    """The same mapping, through the import pytest does: each named test is a callable test
-    function of its module, and neither it nor its module carries a skip or xfail mark."""
-    for check, (module, *names) in CHECK_TESTS.items():
-        mods = [
-            importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
-            for path in _module_files(module)
-        ]
-        for mod in mods:
-            module_marks = getattr(mod, "pytestmark", [])
-            module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
-            assert not {m.name for m in module_marks} & {"skip", "skipif", "xfail"}, module
-        for name in names:
-            fn = next((getattr(mod, name) for mod in mods if hasattr(mod, name)), None)
-            assert callable(fn), f"{check}: tests.{module}.{name} is not a function"
-            marks = {m.name for m in getattr(fn, "pytestmark", [])}
-            assert not marks & {"skip", "skipif", "xfail"}, f"{check}: {name} is marked {marks}"
+def test_the_marked_tests_are_what_pytest_collects() -> None:
+    """The same marks, through the import pytest does: each marked test is a callable test function
+    of its module, carries the mark as read, and neither it nor its module is skipped."""
+    for t in CONTRACT_TESTS:
+        mod = importlib.import_module(t.module)
+        module_marks = getattr(mod, "pytestmark", [])
+        module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
+        assert not {m.name for m in module_marks} & {"skip", "skipif", "xfail"}, t.module
+        fn = getattr(mod, t.function, None)
+        assert callable(fn), f"{t.where} is not a function"
+        marks = getattr(fn, "pytestmark", [])
+        assert not {m.name for m in marks} & {"skip", "skipif", "xfail"}, f"{t.where} is marked {marks}"
+        assert any(m.name == "check_contract" and m.args == (t.check, t.role) for m in marks), t.where

@@ -19,7 +19,8 @@ import pytest
 
 from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.server.admission import Admission
-from mmchaos.server.errors import HTTPError
+from mmchaos.server.errors import ServerError
+from mmchaos.server.http_errors import to_answer
 from tests.fakes.server_targets import SlowTarget
 
 pytestmark = pytest.mark.integration
@@ -95,10 +96,11 @@ def test_admission_sheds_on_the_measured_completion_interval() -> None:
         queued = [asyncio.ensure_future(adm.enter(deadline, lambda: 1)) for _ in range(2)]
         await asyncio.sleep(0)
         assert len(adm.waiters) == 2  # expected 0.2 s, then 0.4 s: both inside 0.5 s, both queue
-        with pytest.raises(HTTPError) as refused:
+        with pytest.raises(ServerError) as refused:
             await adm.enter(deadline, lambda: 1)  # 3 x 0.2 s = 0.6 s > 0.5 s: shed
-        assert refused.value.status == 429 and refused.value.code == "overloaded"
-        assert int(refused.value.headers["Retry-After"]) >= 1
+        answer = to_answer(refused.value)
+        assert answer.status == 429 and answer.code == "overloaded"
+        assert int(answer.headers["Retry-After"]) >= 1
         adm.max_wait = None  # the broken twin: the same request queues
         queued.append(asyncio.ensure_future(adm.enter(deadline, lambda: 1)))
         await asyncio.sleep(0)
@@ -114,7 +116,7 @@ def test_a_request_cancelled_just_after_admission_gives_its_slot_back() -> None:
     """The wedge: a request admitted (slot taken) whose own task is cancelled before it reads the
     result (its client left as the slot came) held the slot forever; with every slot leaked so, the
     server answered nothing until the request timeout. Reproduced deterministically on a loop."""
-    from mmchaos.server.engine import _unless_gone
+    from mmchaos.server.work import unless_gone
 
     async def scenario() -> None:
         adm = Admission(limit=1, queue=10)
@@ -122,9 +124,7 @@ def test_a_request_cancelled_just_after_admission_gives_its_slot_back() -> None:
         deadline = loop.time() + 60.0
         await adm.enter(deadline, lambda: 1)  # the slot is busy
         gone: asyncio.Future[None] = loop.create_future()  # the client never leaves by itself
-        request = asyncio.ensure_future(
-            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
-        )
+        request = asyncio.ensure_future(unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release()))
         for _ in range(5):
             await asyncio.sleep(0)
         assert len(adm.waiters) == 1
@@ -144,7 +144,7 @@ def test_a_client_leaving_as_its_slot_is_granted_gives_the_slot_back() -> None:
     """The same wedge by the everyday route: the client disconnects (``gone``) in the very step its
     slot is granted; the admission, cancelled too late to notice, returned normally and the slot
     was never released."""
-    from mmchaos.server.engine import _ClientGone, _unless_gone
+    from mmchaos.server.work import ClientGone, unless_gone
 
     async def scenario() -> None:
         adm = Admission(limit=1, queue=10)
@@ -152,15 +152,13 @@ def test_a_client_leaving_as_its_slot_is_granted_gives_the_slot_back() -> None:
         deadline = loop.time() + 60.0
         await adm.enter(deadline, lambda: 1)
         gone: asyncio.Future[None] = loop.create_future()
-        request = asyncio.ensure_future(
-            _unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release())
-        )
+        request = asyncio.ensure_future(unless_gone(adm.enter(deadline, lambda: 1), gone, undo=lambda _: adm.release()))
         for _ in range(5):
             await asyncio.sleep(0)
         adm.release()  # the slot is granted ...
         gone.set_result(None)  # ... as the client leaves
         [outcome] = await asyncio.gather(request, return_exceptions=True)
-        assert isinstance(outcome, _ClientGone)
+        assert isinstance(outcome, ClientGone)
         for _ in range(5):
             await asyncio.sleep(0)
         assert adm.active == 0, "the request whose client left kept its slot"

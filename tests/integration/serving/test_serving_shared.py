@@ -17,8 +17,8 @@ import pytest
 
 from mmchaos.checks.base import Check, CheckContext
 from mmchaos.data.shapes import make_shapes
+from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Verdict
-from mmchaos.resources import RunResources
 from mmchaos.runner import TimedTarget
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message, as_messages
 from tests.fakes.generative import WordsTarget

@@ -45,6 +45,7 @@ def test_registered_and_needs_generate() -> None:
     assert ServingStreaming().missing_capabilities(HashEmbedTarget()) is not None
 
 
+@pytest.mark.check_contract("serving_streaming", "clean")
 def test_an_honest_streaming_target_passes() -> None:
     found = by_title(run(SlowStreamTarget(delay=0.005)))
     assert set(found) == {"streaming equivalence", "stream latency under load (6 streams, concurrency 2)",
@@ -56,6 +57,7 @@ def test_an_honest_streaming_target_passes() -> None:
     assert found["disconnect mid-stream"].metrics["released"] == 1.0
 
 
+@pytest.mark.check_contract("serving_streaming", "broken")
 def test_a_stream_that_drops_its_last_delta_fails_equivalence() -> None:
     found = by_title(run(DropLastDeltaTarget(), {"load_requests": 0, "disconnect": False}))
     eq = found["streaming equivalence"]

@@ -68,6 +68,7 @@ def test_onnx_target_matches_torch_end_to_end(exported: Path) -> None:
     assert target.fingerprint().tokenizer == source.fingerprint().tokenizer, "the tokenizer files travelled unchanged"
 
 
+@pytest.mark.check_contract("backend_differential", "clean")
 def test_backend_differential_passes_a_clean_export(model_dir: Path) -> None:
     findings = _run(BackendDifferential(), bt.tiny_clip())
     assert {f.evidence["modality"]: f.verdict for f in findings} == {"image": Verdict.PASS, "text": Verdict.PASS}
@@ -75,6 +76,7 @@ def test_backend_differential_passes_a_clean_export(model_dir: Path) -> None:
     assert {"tensor_b1", "tensor_b4", "tensor_short_seq", "tensor_full_seq"} <= set(text.evidence["runs"])
 
 
+@pytest.mark.check_contract("backend_differential", "broken")
 def test_backend_differential_flags_a_batch_size_baked_into_the_graph(model_dir: Path) -> None:
     findings = {f.evidence["modality"]: f for f in _run(BackendDifferential(), bt.reshape_baked())}
     image = findings["image"]
@@ -155,3 +157,38 @@ def test_onnx_target_tokenizes_as_shipped_and_context_boundary_sees_early_trunca
     assert target.text_limits()["tokenizer"] == 8  # type: ignore[attr-defined]
     stages = [f for f in _run(ContextBoundary(), target) if f.evidence.get("part") == "stages"]
     assert stages and stages[0].verdict == Verdict.FAIL and "8" in stages[0].title
+
+
+SMALL_SUITE = """
+name: onnx-options
+seed: 3
+checks:
+  - check: batch_invariance
+    params: {samples: 4, batch_sizes: [1, 3]}
+"""
+
+
+def test_validate_applies_threads_to_onnx_sessions_and_refuses_a_device_it_cannot_run_on(
+    exported: Path, tmp_path: Path, run_cli: Any
+) -> None:
+    """Issue 19: ``--threads`` on ``onnx:`` is applied (read back from ONNX Runtime), never dropped."""
+    import onnxruntime
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SMALL_SUITE)
+
+    def validate(*flags: str) -> tuple[int, str, str]:
+        return run_cli(  # type: ignore[no-any-return]
+            "validate", "--target", f"onnx:{exported}", "--suite", str(suite), "--data", "builtin:shapes?n=6",
+            "--out", str(tmp_path / "out"), "--store", str(tmp_path / "runs.db"), *flags,
+        )  # fmt: skip
+
+    code, out, err = validate("--threads", "2")
+    assert code in (0, 1), err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["target"]["runtime"] == {"providers": ["CPUExecutionProvider"], "intra_op_threads": 2}
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        code, out, err = validate("--device", "cuda")
+        assert code == 2 and "onnx_provider_missing" in err and "Traceback" not in out + err
+    code, out, err = validate("--trust-remote-code")
+    assert code == 2 and "its options: device, threads" in err

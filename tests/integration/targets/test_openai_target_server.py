@@ -74,7 +74,7 @@ def test_the_servers_refusals_arrive_typed_with_their_codes(served: tuple[Server
     assert info.value.code == "bad_image"
     with pytest.raises(TargetCallError) as info:
         remote.embed_encoded_texts([b"\xff\xfe"])  # refused before sending: JSON cannot carry it
-    assert info.value.code == "text_invalid_utf8"
+    assert info.value.code == "bad_utf8"
     remote.close()
 
 

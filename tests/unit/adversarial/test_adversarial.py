@@ -4,10 +4,14 @@ checks against colour classifiers whose robustness is known by construction (tes
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from mmchaos.attacks import AttackConfig, QueryBudget, fgsm, pgd, square_attack
+from mmchaos.attacks.gradient import eps_label, eps_values
+from mmchaos.attacks.plan import batches, by_shape, decode_image, encode_image
 from mmchaos.checks import REGISTRY
 from mmchaos.checks.adversarial.blackbox import BlackBox, BlackBoxParams
 from mmchaos.checks.adversarial.transfer import Transfer, TransferParams
@@ -82,6 +86,18 @@ def test_eps_outside_the_declared_range_is_a_typed_refusal(eps: float) -> None:
     assert info.value.code == "attack_bad_eps"
 
 
+def test_attack_units_group_by_shape_and_carry_images_as_exact_json() -> None:
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in [(8, 8, 3), (4, 6, 3), (8, 8, 3), (8, 8, 3)]]
+    assert by_shape(images) == [[0, 2, 3], [1]]
+    assert batches(by_shape(images), 2) == [[0, 2], [3], [1]]
+    body = json.loads(json.dumps(encode_image(images[1])))
+    assert np.array_equal(decode_image(body), images[1]) and decode_image(body).shape == (4, 6, 3)
+    assert eps_values([8, 2, 8]) == [2.0, 8.0] and eps_label(2.0) == "2/255"
+    with pytest.raises(ValueError, match="grey levels"):
+        eps_values([32])
+
+
 def test_square_attack_never_spends_past_its_budget_and_replays() -> None:
     images = [np.full((8, 8, 3), 128, np.uint8) for _ in range(3)]
     sent: list[int] = []
@@ -107,6 +123,7 @@ def test_step_3_is_available_and_its_checks_registered() -> None:
         assert REGISTRY.get(name).step == Step.ADVERSARIAL
 
 
+@pytest.mark.check_contract("adversarial_whitebox", "broken")
 def test_whitebox_fails_a_fragile_target() -> None:
     findings = _run(_whitebox(), fragile())
     robustness, masking = findings
@@ -122,6 +139,7 @@ def test_whitebox_fails_a_fragile_target() -> None:
     assert masking.verdict == Verdict.PASS  # PGD is the stronger attack here: no masking
 
 
+@pytest.mark.check_contract("adversarial_whitebox", "clean")
 def test_whitebox_passes_a_robust_target() -> None:
     robustness, masking = _run(_whitebox(), robust())
     assert robustness.verdict == Verdict.PASS and robustness.metrics["relative_at_gate"] == 1.0
@@ -144,6 +162,7 @@ def test_gradient_masking_is_detected_on_a_target_with_rounding_in_its_torch_pat
     assert masking.metrics["blackbox_success"] > masking.metrics["whitebox_success"] + 0.2
 
 
+@pytest.mark.check_contract("adversarial_blackbox", "broken")
 def test_blackbox_fails_a_fragile_target_within_its_budget() -> None:
     target = ColourTarget(gain=300.0)
     check = BlackBox(BlackBoxParams(eps=[4.0], queries_per_sample=100, max_queries=700, samples=6))
@@ -154,6 +173,7 @@ def test_blackbox_fails_a_fragile_target_within_its_budget() -> None:
     assert finding.evidence["query_budget"]["max_queries"] == 700
 
 
+@pytest.mark.check_contract("adversarial_blackbox", "clean")
 def test_blackbox_passes_a_robust_target() -> None:
     check = BlackBox(BlackBoxParams(eps=[4.0], queries_per_sample=30, samples=6))
     (finding,) = _run(check, robust())
@@ -169,6 +189,8 @@ def test_blackbox_stops_at_the_budget_and_says_so() -> None:
     assert finding.verdict == Verdict.ERROR  # the gate eps was never reached
 
 
+@pytest.mark.check_contract("adversarial_transfer", "broken")
+@pytest.mark.check_contract("adversarial_transfer", "clean")
 def test_transfer_fails_a_target_with_the_surrogates_weakness_and_passes_a_robust_one() -> None:
     params = TransferParams(surrogate="py:tests.fakes.colour:fragile", eps=[8.0], steps=5, samples=6)
     (weak,) = _run(Transfer(params), ColourTarget(gain=300.0))

@@ -19,6 +19,7 @@ from tests.support import run_check_class
 DATA = make_shapes(24)
 
 
+@pytest.mark.check_contract("text_attack", "broken")
 def test_text_attack_fails_a_target_whose_text_side_breaks_on_typos() -> None:
     [finding] = run_check_class(TextAttack, ShapeColourTarget(), {"samples": 24}, data=DATA)
     assert finding.verdict == Verdict.FAIL and finding.step == Step.ADVERSARIAL
@@ -36,6 +37,7 @@ def test_text_attack_fails_a_target_whose_text_side_breaks_on_typos() -> None:
     assert int(np.argmax(l2_normalise(target.embed_texts(prompts)) @ image)) != truth
 
 
+@pytest.mark.check_contract("text_attack", "clean")
 def test_text_attack_passes_a_target_that_normalises_text() -> None:
     [finding] = run_check_class(TextAttack, NormalisingTextTarget(), {"samples": 24}, data=DATA)
     assert finding.verdict == Verdict.PASS, finding.title

@@ -1,7 +1,8 @@
 """Step 3's attack batches as work units: committed units are read back on resume, not recomputed,
 and the torch work of an attack (PGD, DeepFool) counts as the target's model time.
 
-The Ray side (the same findings on a local Ray with 2 workers) is in tests/integration/executors/test_ray_attack_units.py.
+The Ray side (the same findings on a local Ray with 2 workers) is in
+tests/integration/executors/test_ray_attack_units.py.
 """
 
 from __future__ import annotations

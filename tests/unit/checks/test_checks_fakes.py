@@ -28,6 +28,7 @@ def _verdicts(findings: list) -> dict[str, str]:
     return {f.evidence.get("modality") or f.evidence.get("probe") or f.title: f.verdict.value for f in findings}
 
 
+@pytest.mark.check_contract("batch_invariance", "clean")
 def test_batch_invariance_passes_a_correct_target() -> None:
     findings = list(
         BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.HashEmbedTarget()))
@@ -36,6 +37,7 @@ def test_batch_invariance_passes_a_correct_target() -> None:
     assert all(f.metrics["max_deviation"] <= 1e-6 for f in findings)
 
 
+@pytest.mark.check_contract("batch_invariance", "broken")
 def test_batch_invariance_fails_a_padding_dependent_target() -> None:
     findings = list(
         BatchInvariance(BatchInvarianceParams(samples=8, batch_sizes=[1, 2, 7])).run(_ctx(fakes.PaddingLeakTarget()))
@@ -48,11 +50,13 @@ def test_batch_invariance_fails_a_padding_dependent_target() -> None:
     assert worst["batch_size"] in (2, 7) and -1 in worst["batch"], "the repro names the batch, filler included"
 
 
+@pytest.mark.check_contract("missing_modality", "clean")
 def test_missing_modality_passes_a_correct_target() -> None:
     findings = list(MissingModality().run(_ctx(fakes.HashEmbedTarget())))
     assert findings and all(f.verdict == Verdict.PASS for f in findings)
 
 
+@pytest.mark.check_contract("missing_modality", "broken")
 def test_missing_modality_fails_nan_on_uniform_images() -> None:
     findings = list(MissingModality().run(_ctx(fakes.NaNOnUniformTarget())))
     v = _verdicts(findings)

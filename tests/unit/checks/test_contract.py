@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mmchaos.checks.contract.contract import ContractGate, classify, replay
-from mmchaos.checks.contract.corpus import get_case
-from mmchaos.isolation import ErrorInfo, JobResult
+from mmchaos.executors.jobs import ErrorInfo, JobResult
+from mmchaos.hostile import get_case
 from tests.fakes import broken_targets as bt
 
 

@@ -7,7 +7,6 @@ import resource
 import numpy as np
 import pytest
 
-from mmchaos.checks.contract.corpus import CASES, CorpusBase, get_case, select_cases
 from mmchaos.data.shapes import make_sample
 from mmchaos.errors import TargetCallError
 from mmchaos.guard.limits import (
@@ -17,6 +16,7 @@ from mmchaos.guard.limits import (
     declared_elements,
     int32_wrapped_product,
 )
+from mmchaos.hostile import CASES, CorpusBase, get_case, select_cases
 from mmchaos.targets.base import Target
 from mmchaos.targets.decode import check_image_array
 
@@ -102,7 +102,7 @@ def test_default_decoder_rejects_what_it_must_with_stable_codes() -> None:
             target.decode_image(case.build(BASE).data)
         codes[case.name] = info.value.code
     assert codes["zero_byte"] == "image_empty"
-    assert codes["truncated_png"] == codes["truncated_jpeg"] == "image_truncated"
+    assert codes["truncated_png"] == codes["truncated_jpeg"] == "truncated_image"
     assert codes["random_bytes"] == codes["html_error_page"] == "image_undecodable"
     assert codes["decompression_bomb"] == "image_too_large"
     assert codes["int32_png_50000x50000"] == codes["int32_png_46341x46341"] == "element_count_overflow"
@@ -122,7 +122,7 @@ def test_default_decoder_decodes_valid_encodings_exactly() -> None:
         target.decode_image(get_case("mode_F_tiff").build(BASE).data)
     with pytest.raises(TargetCallError) as info:
         target.decode_text(get_case("text_invalid_utf8").build(BASE).data)
-    assert info.value.code == "text_invalid_utf8"
+    assert info.value.code == "bad_utf8"
 
 
 def test_check_image_array_refuses_without_allocating() -> None:

@@ -75,6 +75,7 @@ def test_statistics() -> None:
     assert set(refusing.alarms) == {"refusal_rate", "token_distribution", "length"}
 
 
+@pytest.mark.check_contract("generation_drift", "clean")
 def test_an_honest_target_is_quiet_on_clean_traffic_and_its_shift_is_detected() -> None:
     clean, shifted = run(DarkRefusesTarget())
     assert clean.verdict == Verdict.PASS and clean.metrics["false_alarms"] == 0, clean.evidence
@@ -83,6 +84,7 @@ def test_an_honest_target_is_quiet_on_clean_traffic_and_its_shift_is_detected() 
     assert row["material"] and "refusal_rate" in row["alarms"] and row["refusal_rate"] > 0.5
 
 
+@pytest.mark.check_contract("generation_drift", "broken")
 def test_answers_that_drift_on_clean_traffic_fail() -> None:
     clean = run(VerboseOverTimeTarget(), {"perturbations": []})[0]
     assert clean.verdict == Verdict.FAIL and "length" in clean.title, clean.evidence

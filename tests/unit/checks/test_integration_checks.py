@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from mmchaos.checks.integration.determinism import Determinism
 from mmchaos.checks.integration.thread_safety import ThreadSafety, ThreadSafetyParams, max_difference
 from mmchaos.findings import Verdict
@@ -20,6 +22,7 @@ def test_max_difference() -> None:
     assert max_difference(np.array([np.nan]), np.array([np.nan])) == 0.0
 
 
+@pytest.mark.check_contract("thread_safety", "clean")
 def test_thread_safety_passes_a_stateless_target() -> None:
     findings = _run(ThreadSafety(), bt.ContractSafeTarget())
     assert {f.evidence["method"]: f.verdict for f in findings} == {
@@ -29,6 +32,7 @@ def test_thread_safety_passes_a_stateless_target() -> None:
     }
 
 
+@pytest.mark.check_contract("thread_safety", "broken")
 def test_thread_safety_fails_a_shared_preprocessing_buffer() -> None:
     findings = {f.evidence["method"]: f for f in _run(ThreadSafety(), bt.SharedBufferNumpyTarget())}
     bad = findings["embed_images"]
@@ -101,7 +105,7 @@ def test_thread_safety_reports_exceptions_with_their_trace() -> None:
 
 
 def test_worker_spec_overlays_the_targets_load_options() -> None:
-    from mmchaos.isolation import worker_spec
+    from mmchaos.executors.jobs import worker_spec
 
     target = bt.ContractSafeTarget()
     target.load_options = {"device": "cpu", "dtype": "float32"}
@@ -109,6 +113,7 @@ def test_worker_spec_overlays_the_targets_load_options() -> None:
     assert (spec.uri, spec.options, spec.threads) == (target.uri, {"device": "cpu", "dtype": "float16"}, None)
 
 
+@pytest.mark.check_contract("determinism", "broken")
 def test_determinism_catches_process_salted_hashing_only_across_processes() -> None:
     findings = _run(Determinism(), bt.ProcessSaltedTarget())
     assert [f.verdict for f in findings] == [Verdict.PASS, Verdict.FAIL]

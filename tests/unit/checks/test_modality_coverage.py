@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mmchaos.checks import REGISTRY
 from mmchaos.checks.base import CheckContext
 from mmchaos.data import load_dataset
@@ -24,10 +26,12 @@ def run(target: Target) -> list[tuple[Verdict, str]]:
     return [(f.verdict, f.title) for f in check.run(ctx)]
 
 
+@pytest.mark.check_contract("modality_coverage", "clean")
 def test_a_fully_tested_target_passes() -> None:
     assert run(HashEmbedTarget()) == [(Verdict.PASS, "tested: embed_image, embed_text")]
 
 
+@pytest.mark.check_contract("modality_coverage", "broken")
 def test_each_untested_modality_is_a_warning_even_through_wrappers() -> None:
     (finding,) = run(DelegatingTarget(HalfTestedTarget()))
     assert finding == (Verdict.WARN, "image embeddings not tested: no image form worked")

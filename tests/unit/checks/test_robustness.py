@@ -39,6 +39,7 @@ def _by_name(findings: list[Finding]) -> dict[str, Finding]:
 NOISE = {"perturbations": ["gaussian_noise", "impulse_noise"], "severities": [1, 2, 3], "samples": 48}
 
 
+@pytest.mark.check_contract("robustness", "clean")
 def test_a_correct_target_passes_noise() -> None:
     findings = _by_name(_run(fakes.ShapeColourTarget(), **NOISE))
     assert {n: f.verdict for n, f in findings.items()} == {
@@ -48,6 +49,7 @@ def test_a_correct_target_passes_noise() -> None:
     assert findings["gaussian_noise"].metrics["clean"] > 0.5, "the fake really classifies the shapes"
 
 
+@pytest.mark.check_contract("robustness", "broken")
 def test_a_noise_fragile_target_fails_noise() -> None:
     findings = _by_name(_run(fakes.OnePixelColourTarget(), **NOISE))
     assert all(f.verdict == Verdict.FAIL for f in findings.values())

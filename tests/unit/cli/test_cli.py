@@ -271,3 +271,41 @@ def test_checks_show_a_progress_bar_on_a_terminal_and_done_lines_in_a_log() -> N
     assert "2/3" in bar and "━" in bar and " done" not in bar
     log = run(terminal=False)
     assert "b done: 1 fail" in log and "━" not in log
+
+
+def test_a_failed_resume_leaves_no_new_store_or_report_behind(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--resume`` on a store that does not exist created an empty store file before it failed."""
+    store, out = tmp_path / "new.db", tmp_path / "out"
+    code, _, err = run_cli("validate", "--resume", "latest", "--store", str(store), "--out", str(out))
+    assert code == 2 and "no run store at" in err and len(err.strip().splitlines()) == 1, err
+    assert not store.exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["validate", "--suite", "{path}"], "name: x\nchecks: [a\n"),
+        (["serve", "--target", "py:tests.fakes.targets:hash_embed", "--contract", "{path}"], "max_pixels: [1,\n"),
+        (["proxy", "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:0", "--toxics-file", "{path}"], "toxics: [\n"),
+    ],
+)
+def test_a_yaml_file_that_does_not_parse_is_one_line_with_its_place(  # type: ignore[no-untyped-def]
+    run_cli, tmp_path: Path, argv: list[str], text: str
+) -> None:
+    """A bad ``--contract`` YAML printed PyYAML's four lines (context, snippet, caret)."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code, _, err = run_cli(*[a.replace("{path}", str(path)) for a in argv])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "line " in lines[0] and "column " in lines[0], err
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+def test_fuzz_replay_refuses_a_timeout_that_is_not_positive(run_cli, tmp_path: Path, timeout: str) -> None:  # type: ignore[no-untyped-def]
+    """``--timeout -1`` judged every input "hung ... reproduced" and exited 1: a false finding."""
+    sample = tmp_path / "a.png"
+    sample.write_bytes(b"\x89PNG\r\n\x1a\n")
+    code, out, err = run_cli(
+        "fuzz-replay", str(sample), "--target", "py:tests.fakes.targets:hash_embed", "--timeout", timeout
+    )
+    assert code == 2 and "positive number of seconds" in err and "reproduced" not in out, (out, err)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from mmchaos.checks.contract.fuzz import Rounds
+from mmchaos.executors.codec import decode_job, encode_job
 from mmchaos.executors.isolated import JournaledRunner
-from mmchaos.isolation import ErrorInfo, JobResult, decode_job, encode_job
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from tests.fakes.journal import DictJournal
 
 
@@ -32,6 +33,11 @@ class ReversedRunner:
         self.sent.extend(payloads)
         for i in reversed(range(len(payloads))):
             yield i, JobResult("ok", value={"echo": payloads[i], "vec": np.full((1, 3), i, dtype=np.float32)})
+
+    def broadcast(self, payload: Any, timeout: float) -> list[JobResult]:
+        """One answer per worker, each naming its worker (as two processes' outputs may differ)."""
+        self.sent.append(payload)
+        return [JobResult("ok", value={"echo": payload, "worker": w}) for w in range(self.workers)]
 
 
 def test_a_job_result_survives_json_with_dtypes_shapes_and_errors() -> None:
@@ -90,6 +96,42 @@ def test_keyed_jobs_are_committed_as_they_arrive_and_read_back_on_resume(caplog:
         list(JournaledRunner(plain, journal).map(["a", "b"], 1.0, keys=["k", "k"]))
 
 
+def test_a_keyed_broadcast_is_one_unit_read_back_whole_on_resume(caplog: pytest.LogCaptureFixture) -> None:
+    """determinism's cross-process batches: every process's answer is committed together, and a
+    resumed run compares the same two processes' answers instead of running the batch again."""
+    journal = DictJournal()
+    first = ReversedRunner()
+    results = JournaledRunner(first, journal, "determinism jobs").broadcast("batch0", 1.0, key="cross_process/0")
+    assert [r.value["worker"] for r in results] == [0, 1] and list(journal.units) == ["cross_process/0"]
+    again = ReversedRunner()
+    with caplog.at_level(logging.INFO, logger="mmchaos.executors.isolated"):
+        resumed = JournaledRunner(again, journal, "determinism jobs")
+        assert resumed.broadcast("batch0", 1.0, key="cross_process/0") == results
+        assert [r.value["echo"] for r in resumed.broadcast("batch1", 1.0, key="cross_process/1")] == ["batch1"] * 2
+    assert again.sent == ["batch1"], "only the batch that was not committed ran"
+    assert "determinism jobs cross_process/0 read back" in caplog.text
+    unkeyed = ReversedRunner()
+    assert len(JournaledRunner(unkeyed, journal).broadcast("warm", 1.0)) == 2 and "warm" not in journal.units
+
+
+def test_in_process_jobs_are_journaled_like_isolated_ones() -> None:
+    """Before: contract and contract_fuzz with ``isolation: inprocess`` ran their jobs unjournaled."""
+    from mmchaos.executors.isolated import open_isolated
+    from mmchaos.executors.jobs import WorkerSpec
+
+    journal = DictJournal()
+    spec = WorkerSpec(uri="inprocess")
+    with open_isolated(spec, _echo_job, workers=2, start_timeout=1.0, journal=journal, in_process=object(),
+                       overlay={"context": {"tag": "x"}}) as runner:  # fmt: skip
+        got = dict(runner.map(["a", "b"], 5.0, keys=["k:a", "k:b"]))
+    assert sorted(journal.units) == ["k:a", "k:b"] and runner.workers == 1
+    assert got[1].status == "ok" and got[1].value == ["b", "x"], "the overlay reached the job's spec"
+
+
+def _echo_job(target: Any, spec: Any, payload: str) -> list[str]:
+    return [payload, spec.context["tag"]]
+
+
 def test_fuzz_batches_get_keys_by_batch_place_and_content() -> None:
     journal = DictJournal()
     rounds = Rounds(JournaledRunner(ReversedRunner(), journal))
@@ -113,7 +155,7 @@ def test_a_run_on_ray_starts_no_local_worker_pool_for_contract_or_fuzzing() -> N
     from mmchaos.checks.contract.fuzz import ContractFuzz
     from mmchaos.data.shapes import make_shapes
     from mmchaos.executors import LazyExecutor
-    from mmchaos.resources import RunResources
+    from mmchaos.executors.resources import RunResources
     from mmchaos.runner import _prepare
     from tests.fakes.broken_targets import ContractSafeTarget
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from mmchaos.resources import RunResources, shared
+from mmchaos.executors.resources import RunResources, shared
 from mmchaos.runner import TimedTarget
 from mmchaos.timing import ModelClock, union_seconds
 from tests.fakes import broken_targets as bt
@@ -67,11 +67,7 @@ def test_discard_closes_and_the_next_get_starts_fresh() -> None:
 
 def test_shared_without_run_resources_starts_and_closes_its_own() -> None:
     closed: list[str] = []
-
-    class Ctx:
-        resources = None
-
-    with shared(Ctx(), "k", lambda: "mine", closed.append) as (value, is_shared):
+    with shared(None, "k", lambda: "mine", closed.append) as (value, is_shared):
         assert value == "mine" and not is_shared and closed == []
     assert closed == ["mine"]
 

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mmchaos.executors.jobs import ErrorInfo, JobResult
 from mmchaos.fuzz.formats import build_png, parse_ifd, parse_jpeg, parse_png, sniff
 from mmchaos.fuzz.minimise import MinimiseBudget, Minimiser
 from mmchaos.fuzz.mutators import MUTATORS, mutate
-from mmchaos.fuzz.seeds import format_seeds, text_seeds
+from mmchaos.fuzz.seeds import corpus_seeds, format_seeds, shrink, text_seeds
 from mmchaos.fuzz.signature import judge
-from mmchaos.isolation import ErrorInfo, JobResult
+from mmchaos.hostile import CorpusBase, get_case
 
 IMG = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
 SEEDS = format_seeds(IMG)
@@ -115,6 +116,18 @@ def test_jpeg_and_tiff_structures_round_trip() -> None:
     png = next(s.data for s in SEEDS if s.name == "png_chunks")
     chunks, tail = parse_png(png) or ([], b"")
     assert build_png(chunks, tail) == png
+
+
+def test_the_hostile_corpus_seeds_its_small_valid_files_and_texts_only() -> None:
+    base = CorpusBase(shrink(IMG), "a red circle")
+    seeds = corpus_seeds(base, ["image_bytes", "text_bytes"])
+    names = {s.name.removeprefix("corpus:") for s in seeds}
+    assert {"exif_orientation_6", "mode_CMYK_jpeg", "animated_gif", "text_invalid_utf8"} <= names
+    assert not any(n.startswith(("size_", "int32_", "array_")) for n in names)  # no bombs, no arrays
+    assert "zero_byte" not in names and all(0 < len(s.data) <= 1 << 16 for s in seeds)
+    exif = next(s for s in seeds if s.name == "corpus:exif_orientation_6")
+    assert exif.kind == "image_bytes" and exif.data == get_case("exif_orientation_6").build(base).data
+    assert {s.kind for s in corpus_seeds(base, ["text_bytes"])} == {"text_bytes"}
 
 
 def test_mutations_are_capped_in_length() -> None:
@@ -266,9 +279,10 @@ def test_fuzz_replay_refuses_bad_usage_with_exit_code_2(tmp_path: object, capsys
 
 
 def _campaign(target: object, cases: int, seed: int = 0) -> object:
+    from mmchaos.executors.jobs import WorkerSpec
+    from mmchaos.executors.pool import InProcessRunner
     from mmchaos.fuzz import FuzzConfig, Fuzzer
     from mmchaos.fuzz.worker import fuzz_job
-    from mmchaos.isolation import InProcessRunner, WorkerSpec
 
     runner = InProcessRunner(target, WorkerSpec(uri="inprocess"), fuzz_job)
     config = FuzzConfig(max_cases=cases, max_seconds=120.0, minimise_tests=80)

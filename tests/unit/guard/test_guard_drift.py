@@ -181,3 +181,20 @@ def test_config_validation() -> None:
         DriftMonitor(window_size=0)
     cfg = DriftConfig.from_yaml("window_size: 50\nseed: 3\n")
     assert cfg.window_size == 50 and cfg.seed == 3
+
+
+@pytest.mark.parametrize("modality", [None, 3, ""])
+def test_a_modality_that_is_not_a_name_is_a_typed_error(modality: Any) -> None:
+    """``update(None, ...)`` raised a bare AttributeError from the metrics labels."""
+    mon = monitor()
+    with pytest.raises(ConfigError) as caught:
+        mon.update(modality, np.zeros((2, DIM)))
+    assert caught.value.code == "bad_modality"
+    assert mon.update("image", np.zeros((2, DIM))) == []
+
+
+@pytest.mark.parametrize("embeddings", [None, "abc", [[]]])
+def test_embeddings_that_are_not_a_matrix_are_a_typed_error(embeddings: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        monitor().update("image", embeddings)
+    assert caught.value.code == "bad_embeddings"

@@ -163,3 +163,29 @@ def test_prometheus_rules_is_a_file_prometheus_loads(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     refused = subprocess.run([PROMTOOL, "check", "rules", str(bare)], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0, "a bare group is not a rules file"
+
+
+@pytest.mark.parametrize(
+    ("count", "latency"),
+    [(-95, 0.1), (1.5, 0.1), (True, 0.1), (1, float("nan")), (1, float("inf")), (1, -0.2), (1, "fast")],
+)
+def test_impossible_events_are_refused_and_leave_the_burn_rate_alone(count: Any, latency: Any) -> None:
+    """A negative count pushed the burn rate from 1,000 to 20,000 (and another sequence below zero); a
+    NaN latency counted as good, since ``nan > threshold`` is false."""
+    slo, clock, _ = make(latency_threshold=0.3)
+    slo.record(False, 0.1)
+    slo.record(True, 0.1)
+    clock.now += 1
+    before = slo.burn_rate(300.0)
+    with pytest.raises(ConfigError) as caught:
+        slo.record(True, latency, count=count)
+    assert caught.value.code == "bad_event"
+    assert slo.burn_rate(300.0) == before == pytest.approx(0.5 / 0.001)
+
+
+def test_a_zero_count_and_an_integral_latency_are_events_it_takes() -> None:
+    slo, clock, _ = make(latency_threshold=1)
+    slo.record(True, 0, count=0)
+    slo.record(False, 2, count=3)
+    clock.now += 1
+    assert slo.burn_rate(300.0) == pytest.approx(1 / 0.001)

@@ -196,3 +196,24 @@ def test_proxy_thread_reports_bad_input_in_the_caller() -> None:
         taken = s.getsockname()[1]
         with pytest.raises(ConfigError, match="cannot listen"), ProxyThread("127.0.0.1:1", listen=f"127.0.0.1:{taken}"):
             pass
+
+
+def test_control_errors_are_toxiproxys_shape_with_the_codes_own_status() -> None:
+    """docs/proxy.md: ``{"error": message, "status": http_status, "code": ...}``, never OpenAI's nesting,
+    and the status is the one the code table gives."""
+    from mmchaos.error_codes import status_of
+
+    async def main() -> None:
+        async with ControlServer([], listen="127.0.0.1:0") as control:  # noqa: SIM117 (the client needs its URL)
+            async with httpx.AsyncClient(base_url=control.url, trust_env=False) as api:
+                for method, path, code in (
+                    ("GET", "/proxies/nope", "proxy_not_found"),
+                    ("PUT", "/proxies", "control_method"),
+                    ("GET", "/nowhere", "control_no_route"),
+                ):
+                    r = await api.request(method, path)
+                    body = r.json()
+                    assert set(body) == {"error", "status", "code"} and isinstance(body["error"], str), body
+                    assert body["code"] == code and r.status_code == body["status"] == status_of(code), body
+
+    asyncio.run(main())

@@ -60,9 +60,12 @@ def raw(thread: ProxyThread, request: bytes) -> tuple[int, dict[str, Any] | None
     return status, parsed, data
 
 
+POST_JSON = b"POST /proxies HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
 def post(path: str, body: bytes, *, ctype: str = "application/json", extra: str = "") -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
         "Connection: close\r\n\r\n"
     ).encode() + body
 
@@ -266,26 +269,23 @@ def test_hostile_json_gets_a_clean_4xx_with_a_stable_code(
     ("request_bytes", "code"),
     [
         (
-            b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n{}",
+            POST_JSON + b"Content-Length: -1\r\n\r\n{}",
             "http_bad_content_length",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: +2\r\n\r\n{}",
+            POST_JSON + b"Content-Length: +2\r\n\r\n{}",
             "http_bad_content_length",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 99999999999\r\n\r\n",
+            POST_JSON + b"Content-Length: 99999999999\r\n\r\n",
             "http_body_too_large",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"-5\r\nabc\r\n0\r\n\r\n",
+            POST_JSON + b"Transfer-Encoding: chunked\r\n\r\n-5\r\nabc\r\n0\r\n\r\n",
             "http_bad_chunk",
         ),
         (
-            b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"2\r\n{}XX0\r\n\r\n",
+            POST_JSON + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
             "http_bad_chunk",
         ),
         (b"GET /proxies HTTP/1.1 extra\r\nHost: t\r\n\r\n", "http_bad_request"),
@@ -335,3 +335,27 @@ def test_integer_attributes_are_integers_as_in_toxiproxy(api: tuple[ProxyThread,
             assert type(attrs[key]) is int and attrs[key] == value, (toxic, r.text)
     listed = client.get("/proxies/p/toxics").text
     assert ".0" not in listed.replace('"toxicity": 1.0', "")
+
+
+def test_control_api_refuses_a_rebound_host_and_other_local_origins(api: tuple[ProxyThread, httpx.Client]) -> None:
+    """DNS rebinding: a page at evil.example re-pointed at 127.0.0.1 reached /proxies and /metrics (its
+    Host header still names evil.example); and a page on any other loopback port was a trusted origin."""
+    thread, client = api
+    assert thread.control_url is not None
+    port = int(thread.control_url.rsplit(":", 1)[1])
+    for host in ("evil.example", f"evil.example:{port}", f"10.0.0.1:{port}", "localhost.evil.example"):
+        for path in ("/proxies", "/metrics", "/version"):
+            r = client.get(path, headers={"Host": host})
+            assert r.status_code == 403 and r.json()["code"] == "control_host_refused", (host, path, r.text)
+    toxic = {"type": "latency", "attributes": {"latency": 100}}
+    r = client.post("/proxies/p/toxics", json=toxic, headers={"Host": f"evil.example:{port}"})
+    assert r.status_code == 403 and thread.toxics == []
+    for origin in (f"http://127.0.0.1:{port + 1}", "http://localhost:3000", "http://127.0.0.1"):
+        r = client.post("/proxies/p/toxics", json=toxic, headers={"Origin": origin})
+        assert r.status_code == 403 and r.json()["code"] == "control_browser_refused", origin
+    assert thread.toxics == []
+    # the control server's own names and origin still work
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", "[::1]:9000", "localhost"):
+        assert client.get("/proxies", headers={"Host": host}).status_code == 200, host
+    r = client.post("/proxies/p/toxics", json=toxic, headers={"Origin": f"http://localhost:{port}"})
+    assert r.status_code == 200 and len(thread.toxics) == 1

@@ -5,27 +5,24 @@ code, and loads a fixture whose fingerprint is stable and whose capabilities are
 it declares answers a tiny input; each one it does not declare raises CapabilityError).
 
 Checks (``mmchaos.checks.REGISTRY``): each has a test in ``tests/`` where a deliberately broken
-target makes it fail and one where a correct target passes it. ``CHECK_TESTS`` names them; the
-tests here hold that mapping to the registry and to test functions that exist and are not skipped.
+target makes it fail and one where a correct target passes it. Those tests say so themselves,
+``@pytest.mark.check_contract("<check>", "broken")`` / ``"clean"``; the tests here find the marks
+(``tests/support/check_contracts.py``) and hold every registered check to having both, on tests
+that exist and are not skipped.
 Perturbations have their registry contract in ``test_perturb.py``.
 """
 
 from __future__ import annotations
 
-import ast
-import re
+from pathlib import Path
 
 import pytest
 
 from mmchaos.checks import REGISTRY
 from mmchaos.errors import UnknownNameError
 from mmchaos.targets import SCHEMES, load_target
-from tests.support.registry_contracts import (
-    CHECK_TESTS,
-    LOADS,
-    REFUSALS,
-    _module_files,
-)
+from tests.support.check_contracts import CONTRACT_TESTS, ContractTest, contract_gaps, discover
+from tests.support.registry_contracts import LOADS, REFUSALS
 
 
 def test_every_scheme_has_refusal_and_load_cases() -> None:
@@ -44,39 +41,57 @@ def test_an_unknown_scheme_names_the_known_ones() -> None:
 expose at least one of them, and each must answer."""
 
 
-def test_every_registered_check_is_mapped_to_its_broken_and_correct_target_tests() -> None:
-    """A new check must name, here, the tests that hold it to "a broken target makes it fail"."""
-    assert sorted(CHECK_TESTS) == REGISTRY.names()
+def test_every_registered_check_has_a_broken_and_a_clean_test() -> None:
+    """A new check marks, on its own tests, the one where a broken target fails it and the one where
+    a correct target passes it: ``@pytest.mark.check_contract("<check>", "broken")`` / ``"clean"``."""
+    gaps = contract_gaps(CONTRACT_TESTS, REGISTRY.names())
+    assert not gaps, "; ".join(gaps) + ' (mark a test @pytest.mark.check_contract("<check>", "broken"/"clean"))'
 
 
-SKIPPING = re.compile(r"\bmark\.(skip|skipif|xfail)\b")
+def test_a_check_without_both_tests_or_a_mark_naming_no_check_is_a_gap(tmp_path: Path) -> None:
+    one = ContractTest("robustness", "broken", tmp_path / "t.py", "test_a", tmp_path, "")
+    assert contract_gaps([one], ["robustness"]) == ["robustness has no clean test"]
+    typo = ContractTest("robustnes", "clean", tmp_path / "t.py", "test_b", tmp_path, "")
+    odd = ContractTest("robustness", "fixed", tmp_path / "t.py", "test_c", tmp_path, "")
+    gaps = contract_gaps([one, typo, odd], ["robustness"])
+    assert gaps == [
+        "t.py::test_c: role 'fixed' is not one of ('broken', 'clean')",
+        "t.py::test_b: 'robustnes' is not a registered check",
+        "robustness has no clean test",
+    ]
 
 
-def _read_tests(module: str) -> tuple[dict[str, ast.FunctionDef], str]:
-    """The module's top-level test functions and its ``pytestmark`` source, read without importing it
-    (the fast tier must not pay for the torch or FastAPI imports of integration modules)."""
-    functions: dict[str, ast.FunctionDef] = {}
-    marks: list[str] = []
-    for path in _module_files(module):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        functions |= {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
-        marks += [
-            ast.unparse(n.value)
-            for n in tree.body
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
-        ]
-    return functions, " ".join(marks)
+@pytest.mark.parametrize("test", CONTRACT_TESTS, ids=lambda t: f"{t.check}-{t.role}-{t.function}")
+def test_each_marked_test_runs_and_exercises_its_check(test: ContractTest) -> None:
+    assert not test.skipped_by, f"{test.where} ({test.check}, {test.role}) is skipped: {test.skipped_by}"
+    source = test.path.read_text(encoding="utf-8")
+    cls = REGISTRY.get(test.check)
+    assert cls.__name__ in source or f'"{test.check}"' in source, f"{test.path.name} never names {test.check}"
 
 
-@pytest.mark.parametrize("check", sorted(CHECK_TESTS))
-def test_the_mapped_tests_exist_run_and_exercise_the_check(check: str) -> None:
-    module, fails, passes = CHECK_TESTS[check]
-    functions, module_marks = _read_tests(module)
-    assert not SKIPPING.search(module_marks), f"tests/{module}.py is skipped as a whole: {module_marks}"
-    for name in (fails, passes):
-        assert name in functions, f"{check}: tests/{module}.py has no {name}"
-        decorators = " ".join(ast.unparse(d) for d in functions[name].decorator_list)
-        assert not SKIPPING.search(decorators), f"{check}: {name} is marked {decorators}"
-    source = "".join(path.read_text(encoding="utf-8") for path in _module_files(module))
-    cls = REGISTRY.get(check)
-    assert cls.__name__ in source or f'"{check}"' in source, f"tests/{module}.py never names {check}"
+def test_the_discovery_reads_marks_wherever_the_file_lies(tmp_path: Path) -> None:
+    """The reader itself, on files written here: marks found in subfolders, skips seen, misuse refused."""
+    probe = tmp_path / "tests" / "unit" / "checks" / "test_probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.skipif(True, reason='x')\n"
+        '@pytest.mark.check_contract("robustness", "broken")\n'
+        "@pytest.mark.integration\n"
+        "def test_one():\n    pass\n"
+        '@pytest.mark.check_contract("robustness", "clean")\n'
+        "async def test_two():\n    pass\n",
+        encoding="utf-8",
+    )
+    one, two = discover(tmp_path)
+    assert (one.check, one.role, one.function, two.role) == ("robustness", "broken", "test_one", "clean")
+    assert one.module == "tests.unit.checks.test_probe" and one.where == "tests/unit/checks/test_probe.py::test_one"
+    assert "skipif" in one.skipped_by
+    probe.write_text('import pytest\n@pytest.mark.check_contract("robustness")\ndef test_x():\n    pass\n')
+    with pytest.raises(AssertionError, match="write @pytest.mark.check_contract"):
+        discover(tmp_path)
+    probe.write_text(
+        'import pytest\nclass TestX:\n    @pytest.mark.check_contract("a", "clean")\n    def test_x(self): ...\n'
+    )
+    with pytest.raises(AssertionError, match="mark a top-level test_ function"):
+        discover(tmp_path)

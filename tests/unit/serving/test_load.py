@@ -354,3 +354,22 @@ def test_embeddings_mix_from_a_dataset() -> None:
 
     r = with_echo(go)
     assert r.ok == 24 and set(r.by_kind) == {"image_small", "image_large", "text_short", "text_long"}
+
+
+@pytest.mark.parametrize("form", ["messages", "input", "data_url"])
+def test_embeddings_mix_sends_images_in_the_form_the_endpoint_takes(form: Any) -> None:
+    from mmchaos.data import load_dataset
+
+    mix = embeddings_mix(load_dataset("builtin:shapes?n=2"), samples=2, large_side=64, image_form=form)
+    rng = random.Random(0)
+    bodies = [json.loads(r.content or b"") for r in (mix.pick(rng) for _ in range(80)) if r.kind.startswith("image")]
+    assert bodies
+    for body in bodies:
+        if form == "messages":
+            url = body["messages"][0]["content"][0]["image_url"]["url"]
+        else:
+            assert "messages" not in body and len(body["input"]) == 1
+            url = body["input"][0]["image_url"]["url"] if form == "input" else body["input"][0]
+        assert url.startswith("data:image/")
+    with pytest.raises(ConfigError, match="unknown image form"):
+        embeddings_mix(load_dataset("builtin:shapes?n=2"), image_form="parts")  # type: ignore[arg-type]

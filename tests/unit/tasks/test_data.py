@@ -190,7 +190,7 @@ def test_loader_codes_for_empty_missing_and_truncated(tmp_path: Path) -> None:
     cases = {
         "image_empty": b"",
         "data_missing_file": tmp_path / "absent.png",
-        "image_truncated": good.read_bytes()[:300],
+        "truncated_image": good.read_bytes()[:300],
         "image_undecodable": b"<html>502 Bad Gateway</html>",
     }
     for code, source in cases.items():

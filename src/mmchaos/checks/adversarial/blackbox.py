@@ -16,18 +16,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
+from mmchaos.attacks.gradient import eps_label, eps_values
+from mmchaos.attacks.judge import Judge
+from mmchaos.attacks.plan import batches, by_shape
 from mmchaos.attacks.query import QueryBudget
-from mmchaos.checks.adversarial._common import (
-    Judge,
-    attack_set,
-    batches,
-    by_shape,
-    eps_label,
-    eps_values,
-    flip_cases,
-    worst_records,
-)
-from mmchaos.checks.adversarial._units import AttackPlan, SquareUnit, decode_square, encode_square, run_square_unit
+from mmchaos.attacks.units import AttackPlan, SquareUnit, decode_square, encode_square, run_square_unit
+from mmchaos.checks.adversarial._common import attack_set, flip_cases, worst_records
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Finding, Severity, Step, Verdict
@@ -80,8 +74,6 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
         frozenset({Capability.READ_TEXT}),
     )
-    Params = BlackBoxParams
-    Gate = BlackBoxGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

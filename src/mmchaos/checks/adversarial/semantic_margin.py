@@ -19,8 +19,9 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos._lazy import require
+from mmchaos.attacks.plan import SampledPlan, decode_image, encode_image
 from mmchaos.attacks.semantic import deepfool_margins, pixel_forward
-from mmchaos.checks.adversarial._common import SampledPlan, attack_set, decode_image, encode_image
+from mmchaos.checks.adversarial._common import attack_set
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.errors import TargetCallError
@@ -59,8 +60,6 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
     requires = (
         frozenset({Capability.TORCH_MODULE, Capability.PREPROCESS, Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
     )
-    Params = SemanticMarginParams
-    Gate = SemanticMarginGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, field_validator
 
+from mmchaos.attacks.plan import SampledPlan
 from mmchaos.attacks.text import EDIT_KINDS, AttackRecord, MeaningConstraint, greedy_attack
-from mmchaos.checks.adversarial._common import SampledPlan, sampled
+from mmchaos.checks.adversarial._common import sampled
 from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.data.base import Dataset
 from mmchaos.errors import TargetCallError
@@ -144,8 +145,6 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
     name = "text_attack"
     step = Step.ADVERSARIAL
     requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}), frozenset({Capability.GENERATE}))
-    Params = TextAttackParams
-    Gate = TextAttackGate
 
     def __init__(self, params: TextAttackParams | None = None, gate: TextAttackGate | None = None) -> None:
         super().__init__(params, gate)

@@ -16,17 +16,10 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from mmchaos.attacks.gradient import AttackConfig
+from mmchaos.attacks.gradient import AttackConfig, eps_label, eps_values
+from mmchaos.attacks.judge import Judge
 from mmchaos.attacks.preprocess import ImagePath, image_path
-from mmchaos.checks.adversarial._common import (
-    Judge,
-    attack_set,
-    eps_label,
-    eps_values,
-    flip_cases,
-    worst_records,
-)
-from mmchaos.checks.adversarial._units import (
+from mmchaos.attacks.units import (
     AttackPlan,
     PgdOutcome,
     decode_pgd,
@@ -34,6 +27,7 @@ from mmchaos.checks.adversarial._units import (
     pgd_units,
     run_transfer_unit,
 )
+from mmchaos.checks.adversarial._common import attack_set, flip_cases, worst_records
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets import load_target
@@ -71,8 +65,6 @@ class Transfer(Check[TransferParams, TransferGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
         frozenset({Capability.READ_TEXT}),
     )
-    Params = TransferParams
-    Gate = TransferGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

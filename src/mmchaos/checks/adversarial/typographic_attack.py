@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
+from mmchaos.attacks.plan import SampledPlan, decode_image, encode_image
 from mmchaos.attacks.typographic import attack_words, render
-from mmchaos.checks.adversarial._common import SampledPlan, decode_image, encode_image, sampled
+from mmchaos.checks.adversarial._common import sampled
 from mmchaos.checks.base import Check, CheckContext, Gate, Params, seeded_rng
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.executors import Worker
@@ -52,8 +53,6 @@ class TypographicAttack(Check[TypographicAttackParams, TypographicAttackGate]):
     name = "typographic_attack"
     step = Step.ADVERSARIAL
     requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),)
-    Params = TypographicAttackParams
-    Gate = TypographicAttackGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -22,20 +22,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from mmchaos.attacks.gradient import AttackConfig, AttackStats
+from mmchaos.attacks.gradient import AttackConfig, AttackStats, eps_label, eps_values
+from mmchaos.attacks.judge import Judge
+from mmchaos.attacks.plan import batches, by_shape
 from mmchaos.attacks.preprocess import ImagePath, image_path, not_pixel_grid
-from mmchaos.checks.adversarial._common import (
-    Judge,
-    attack_set,
-    batches,
-    by_shape,
-    eps_label,
-    eps_values,
-    flip_cases,
-    worst_records,
-)
-from mmchaos.checks.adversarial._generative import attack_vlm
-from mmchaos.checks.adversarial._units import (
+from mmchaos.attacks.units import (
     AttackPlan,
     PgdOutcome,
     SquareUnit,
@@ -47,6 +38,8 @@ from mmchaos.checks.adversarial._units import (
     run_pgd_unit,
     run_square_unit,
 )
+from mmchaos.checks.adversarial._common import attack_set, flip_cases, worst_records
+from mmchaos.checks.adversarial._generative import attack_vlm
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
@@ -92,8 +85,6 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.TORCH_MODULE}),
         frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),
     )
-    Params = WhiteBoxParams
-    Gate = WhiteBoxGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

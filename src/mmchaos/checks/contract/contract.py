@@ -1,6 +1,6 @@
 """Step 1: hostile and malformed inputs get a clean rejection or a correct answer, never worse.
 
-Every case of :mod:`~mmchaos.checks.contract.corpus` runs through the target's own decoding
+Every case of the hostile corpus (:mod:`mmchaos.hostile`) runs through the target's own decoding
 path (``embed_encoded_images``, ``read_encoded_images``, ``embed_encoded_texts``) or its array
 API, inside a pool of worker processes that each load the target once by URI (the run's shared
 pool, or with ``--executor ray`` a one-worker pool on each Ray actor). Each case is a keyed work
@@ -28,23 +28,15 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import ANY_MODALITY, AnyCheck, Check, CheckContext, Gate, Params
-from mmchaos.checks.contract.corpus import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
-from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
+from mmchaos.executors.isolated import JournaledRunner
+from mmchaos.executors.jobs import ErrorInfo, JobResult, JobRunner, WorkerSpec, describe_exception, shared_spec
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.guard.limits import INT32_MAX, int32_wrapped_product
-from mmchaos.isolation import (
-    ErrorInfo,
-    InProcessRunner,
-    JobResult,
-    WorkerSpec,
-    describe_exception,
-    prefetch_pool,
-    shared_spec,
-    worker_spec,
-)
+from mmchaos.hostile import Case, CorpusBase, Payload, get_case, select_cases
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.options import OptionValues
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = [
@@ -340,7 +332,11 @@ class ContractParams(Params):
     accepted_errors: list[str] = Field(
         default_factory=list, description="exception class names that count as clean rejections"
     )
-    target_options: dict[str, Any] = Field(default_factory=dict, description="TargetOptions for the workers")
+    target_options: OptionValues = Field(
+        default_factory=dict,
+        description="target options for the workers, over the target's own (checked against its scheme's options "
+        "when they load it)",
+    )
 
 
 Failure = Literal["crashed", "hung", "garbage", "rejected_valid", "rejected_late"]
@@ -424,8 +420,6 @@ class Contract(Check[ContractParams, ContractGate]):
     name = "contract"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractParams
-    Gate = ContractGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -445,22 +439,16 @@ class Contract(Check[ContractParams, ContractGate]):
             "context": {"base_png": png_bytes(base.image), "caption": base.caption},
         }
         start = time.perf_counter()
-        if p.isolation == "subprocess":
-            try:
-                # The run's shared pool, or a worker on each Ray actor; cases are journaled units.
-                with open_isolated(
-                    ctx, pool_spec(target, p), _job, workers=self._workers(cases), start_timeout=p.start_timeout_s,
-                    overlay=overlay,
-                ) as view:  # fmt: skip
-                    outcomes = self._run_cases(ctx, target, cases, view)
-            except TargetLoadError as exc:
-                yield worker_load_error(self, ctx, target, exc)
-                return
-            runner: JobRunner = view
-        else:
-            spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
-            runner = InProcessRunner(target, spec, _job)
-            outcomes = self._run_cases(ctx, target, cases, runner)
+        try:
+            # The run's shared pool, a worker on each Ray actor, or this process; cases are journaled units.
+            with ctx.isolated(
+                _job, pool_spec(target, p), workers=self._workers(cases), start_timeout=p.start_timeout_s,
+                overlay=overlay, in_process=p.isolation == "inprocess",
+            ) as runner:  # fmt: skip
+                outcomes = self._run_cases(ctx, target, cases, runner)
+        except TargetLoadError as exc:
+            yield worker_load_error(self, ctx, target, exc)
+            return
         wall = time.perf_counter() - start
         yield from self._findings(ctx, cases, outcomes, base, wall, runner, unsafe)
 
@@ -472,22 +460,16 @@ class Contract(Check[ContractParams, ContractGate]):
         prefetch_shared_pool(ctx, self.params)
 
     def _run_cases(
-        self, ctx: CheckContext, target: Target, cases: list[Case], runner: JournaledRunner | InProcessRunner
+        self, ctx: CheckContext, target: Target, cases: list[Case], runner: JournaledRunner
     ) -> dict[str, CaseOutcome]:
         p = self.params
         g = self.gate
         outcomes: dict[str, CaseOutcome] = {}
         bar = ctx.progress.task(f"{ctx.check_id}: hostile inputs", total=len(cases))
         try:
-            warmups = runner.workers if isinstance(runner, JournaledRunner) else 1
-            list(runner.map([("warmup", None)] * warmups, p.timeout_s * 4))
+            list(runner.map([("warmup", None)] * runner.workers, p.timeout_s * 4))
             payloads = [("case", c.name) for c in cases]
-            jobs = (
-                runner.map(payloads, p.timeout_s, keys=[f"case:{c.name}" for c in cases])
-                if isinstance(runner, JournaledRunner)
-                else runner.map(payloads, p.timeout_s)
-            )
-            for index, job in jobs:
+            for index, job in runner.map(payloads, p.timeout_s, keys=[f"case:{c.name}" for c in cases]):
                 case = cases[index]
                 if job.status == "ok" and job.value.get("not_applicable"):
                     continue
@@ -629,8 +611,8 @@ def prefetch_shared_pool(ctx: CheckContext, p: Any) -> None:
     """Start the run's worker pool now (a check's ``prepare``), so it loads the model while other checks run.
 
     Not with a Ray executor: the checks' workers run on the actors then (started on first use)."""
-    if p.isolation == "subprocess" and ctx.executor is None:
-        prefetch_pool(ctx, pool_spec(unwrap(ctx.target), p), workers=p.workers, start_timeout=p.start_timeout_s)
+    if p.isolation == "subprocess":
+        ctx.prefetch_isolated(pool_spec(unwrap(ctx.target), p), workers=p.workers, start_timeout=p.start_timeout_s)
 
 
 def worker_load_error(check: AnyCheck, ctx: CheckContext, target: Target, exc: TargetLoadError) -> Finding:

@@ -23,21 +23,21 @@ from pydantic import Field
 from mmchaos.chaos.spec import BudgetSpec
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.contract.contract import _base_sample, pool_spec, prefetch_shared_pool, worker_load_error
-from mmchaos.checks.contract.corpus import CorpusBase, select_cases
 from mmchaos.checks.evidence import safe_name
 from mmchaos.errors import TargetLoadError
-from mmchaos.executors.isolated import JobRunner, JournaledRunner, open_isolated
+from mmchaos.executors.isolated import JournaledRunner
+from mmchaos.executors.jobs import JobResult
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.fuzz import Failure, FuzzConfig, Fuzzer, FuzzReport, Seed
 from mmchaos.fuzz.formats import sniff
 from mmchaos.fuzz.replay import replay_command
-from mmchaos.fuzz.seeds import format_seeds, shrink, text_seeds
+from mmchaos.fuzz.seeds import corpus_seeds, format_seeds, shrink, text_seeds
 from mmchaos.fuzz.worker import fuzz_job, method_for
-from mmchaos.isolation import InProcessRunner, JobResult, worker_spec
+from mmchaos.hostile import CorpusBase
 from mmchaos.targets.base import Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["ContractFuzz", "ContractFuzzGate", "ContractFuzzParams", "corpus_seeds"]
+__all__ = ["ContractFuzz", "ContractFuzzGate", "ContractFuzzParams"]
 
 Kind = Literal["image_bytes", "text_bytes"]
 _KINDS: tuple[Kind, ...] = ("image_bytes", "text_bytes")
@@ -89,23 +89,6 @@ _SUGGESTION = {
     "hung": "bound decoding work by the declared size and put a deadline on every input",
     "garbage": "reject what decodes to nothing meaningful with a typed error instead of answering",
 }
-
-
-def corpus_seeds(base: CorpusBase, kinds: list[str]) -> list[Seed]:
-    """The contract corpus's encoded files and texts, built from a small picture, as seeds."""
-    seeds: list[Seed] = []
-    for case in select_cases([], ["size", "int32"]):
-        if case.kind not in ("image_bytes", "text", "text_bytes"):
-            continue
-        kind = "image_bytes" if case.kind == "image_bytes" else "text_bytes"
-        if kind not in kinds:
-            continue
-        data = case.build(base).data
-        if isinstance(data, str):
-            data = data.encode("utf-8", "surrogatepass")
-        if isinstance(data, bytes | bytearray) and 0 < len(data) <= 1 << 16:
-            seeds.append(Seed(f"corpus:{case.name}", kind, bytes(data)))
-    return seeds
 
 
 def _seeds(target: Target, base: CorpusBase, p: ContractFuzzParams) -> list[Seed]:
@@ -178,8 +161,6 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     name = "contract_fuzz"
     step = Step.CONTRACT
     requires = ANY_MODALITY
-    Params = ContractFuzzParams
-    Gate = ContractFuzzGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -207,24 +188,17 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
             novelty=p.novelty,
         )
         overlay = {"accepted_errors": tuple(p.accepted_errors)}
-        runner: JobRunner
-        if p.isolation == "subprocess":
-            try:
-                # The run's shared pool (contract's and determinism's): started once, loaded already;
-                # or a worker on each Ray actor. Every batch's inputs are journaled units.
-                with open_isolated(
-                    ctx, pool_spec(target, p), fuzz_job, workers=p.workers, start_timeout=p.start_timeout_s,
-                    overlay=overlay,
-                ) as journaled:  # fmt: skip
-                    runner = journaled
-                    report = self._fuzz(ctx, Rounds(journaled), seeds, config, gate)
-            except TargetLoadError as exc:
-                yield worker_load_error(self, ctx, target, exc)
-                return
-        else:
-            spec = worker_spec(target, p.target_options, threads=p.threads_per_worker, **overlay)
-            runner = InProcessRunner(target, spec, fuzz_job)
-            report = self._fuzz(ctx, runner, seeds, config, gate)
+        try:
+            # The run's shared pool (contract's and determinism's): started once, loaded already;
+            # or a worker on each Ray actor, or this process. Every batch's inputs are journaled units.
+            with ctx.isolated(
+                fuzz_job, pool_spec(target, p), workers=p.workers, start_timeout=p.start_timeout_s, overlay=overlay,
+                in_process=p.isolation == "inprocess",
+            ) as runner:  # fmt: skip
+                report = self._fuzz(ctx, Rounds(runner), seeds, config, gate)
+        except TargetLoadError as exc:
+            yield worker_load_error(self, ctx, target, exc)
+            return
         schema: dict[str, Any] = {}
         schema_findings: list[Finding] = []
         if http and gate is not None and p.openapi:
@@ -235,7 +209,7 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
     def _fuzz(
         self,
         ctx: CheckContext,
-        runner: Rounds | InProcessRunner,
+        runner: Rounds,
         seeds: list[Seed],
         config: FuzzConfig,
         gate: _RequestGate | None,

@@ -64,8 +64,6 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
         frozenset({Capability.TORCH_MODULE, Capability.PREPROCESS, Capability.EMBED_IMAGE}),
         frozenset({Capability.TORCH_MODULE, Capability.PREPROCESS, Capability.EMBED_TEXT}),
     )
-    Params = BackendDifferentialParams
-    Gate = BackendDifferentialGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

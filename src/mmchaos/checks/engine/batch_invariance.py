@@ -54,8 +54,6 @@ class BatchInvariance(Check[BatchInvarianceParams, BatchInvarianceGate]):
     name = "batch_invariance"
     step = Step.ENGINE
     requires = ANY_MODALITY
-    Params = BatchInvarianceParams
-    Gate = BatchInvarianceGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

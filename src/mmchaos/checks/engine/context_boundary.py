@@ -192,8 +192,6 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
     name = "context_boundary"
     step = Step.ENGINE
     requires = (frozenset({Capability.EMBED_TEXT}),)
-    Params = ContextBoundaryParams
-    Gate = ContextBoundaryGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

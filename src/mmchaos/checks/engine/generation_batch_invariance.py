@@ -68,8 +68,6 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
     name = "generation_batch_invariance"
     step = Step.ENGINE
     requires = (frozenset({Capability.GENERATE}),)
-    Params = GenerationBatchInvarianceParams
-    Gate = GenerationBatchInvarianceGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -71,8 +71,6 @@ class GenerationPrecision(Check[GenerationPrecisionParams, GenerationPrecisionGa
     name = "generation_precision"
     step = Step.ENGINE
     requires = (frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),)
-    Params = GenerationPrecisionParams
-    Gate = GenerationPrecisionGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

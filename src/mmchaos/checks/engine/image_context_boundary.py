@@ -57,8 +57,6 @@ class ImageContextBoundary(Check[ImageContextBoundaryParams, ImageContextBoundar
     name = "image_context_boundary"
     step = Step.ENGINE
     requires = (frozenset({Capability.GENERATE}),)
-    Params = ImageContextBoundaryParams
-    Gate = ImageContextBoundaryGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -67,8 +67,6 @@ class ImageTokenConsistency(Check[ImageTokenConsistencyParams, ImageTokenConsist
     name = "image_token_consistency"
     step = Step.ENGINE
     requires = (frozenset({Capability.GENERATE}),)
-    Params = ImageTokenConsistencyParams
-    Gate = ImageTokenConsistencyGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         a, b = probe_images(ctx, 2)

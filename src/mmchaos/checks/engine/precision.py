@@ -5,9 +5,10 @@ kept and put back bit for bit afterwards), and the target's own ``embed_*`` meth
 the same inputs. Reported per dtype: cosine drift, the logit deviation next to the fp32 decision
 margins, top-1 agreement of zero-shot decisions (or nearest-neighbour decisions without labels)
 and the task metric's change over the confident samples (a near-tie flips on rounding noise in
-any precision: an untrained model is not a precision bug), and -- when an output is
-NaN/Inf -- the first module, by qualified name, whose output stopped being finite, and the input
-that makes it so (found with forward hooks).
+any precision: an untrained model is not a precision bug), each leaf module's output error against
+fp32 for the worst input and the module where that error grows most (even when every value stays
+finite), and -- when an output is NaN/Inf -- the first module, by qualified name, whose output
+stopped being finite, and the input that makes it so (found with forward hooks).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import Field
 
 from mmchaos._lazy import require
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.layer_drift import layer_errors, tensors_in, trace_leaf_modules
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
@@ -67,19 +69,6 @@ class NonFiniteOrigin:
     output_numel: int
 
 
-def _tensors(obj: Any) -> list[Any]:
-    torch = require("torch")
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, list | tuple):
-        return [t for v in obj for t in _tensors(v)]
-    if hasattr(obj, "to_tuple"):
-        return _tensors(obj.to_tuple())
-    return []
-
-
 def first_nonfinite_module(module: Any, call: Callable[[], Any]) -> NonFiniteOrigin | None:
     """Run ``call`` with forward hooks on every submodule; the first (innermost, earliest) module
     whose floating output holds NaN/Inf, or None when every output stays finite."""
@@ -90,10 +79,10 @@ def first_nonfinite_module(module: Any, call: Callable[[], Any]) -> NonFiniteOri
         def fn(mod: Any, inputs: Any, output: Any) -> None:
             if found:
                 return
-            outs = [t for t in _tensors(output) if t.is_floating_point()]
+            outs = [t for t in tensors_in(output) if t.is_floating_point()]
             bad = sum(int((~torch.isfinite(t)).sum()) for t in outs)
             if bad:
-                ins = [t for t in _tensors(inputs) if t.is_floating_point()]
+                ins = [t for t in tensors_in(inputs) if t.is_floating_point()]
                 peak = max((float(t.detach().abs().float().max()) for t in ins if t.numel()), default=float("nan"))
                 numel = sum(int(t.numel()) for t in outs)
                 found.append(NonFiniteOrigin(name or "(root)", type(mod).__name__, peak, bad, numel))
@@ -146,8 +135,6 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
         frozenset({Capability.TORCH_MODULE, Capability.EMBED_IMAGE}),
         frozenset({Capability.TORCH_MODULE, Capability.EMBED_TEXT}),
     )
-    Params = PrecisionParams
-    Gate = PrecisionGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -178,7 +165,43 @@ class Precision(Check[PrecisionParams, PrecisionGate]):
                     )
                     continue
                 low = self._embed_all(target, images, texts, prompts, p.batch_size)
-                yield self._compare(ctx, name, reference, low, labels, images, texts, module)
+                finding = self._compare(ctx, name, reference, low, labels, images, texts, module)
+            self._add_layer_errors(finding, target, module, dtype, {"image": images, "text": texts, "prompts": prompts})
+            yield finding
+
+    @staticmethod
+    def _add_layer_errors(
+        finding: Finding, target: Target, module: Any, dtype: Any, inputs: dict[str, list[Any]]
+    ) -> None:
+        """Trace the worst input through every leaf module in fp32 and in ``dtype``; name where error grows.
+
+        Without a NaN the embedding's cosine says only *that* it drifted; the per-module errors say
+        where (see :mod:`mmchaos.checks.engine.layer_drift`).
+        """
+        worst = finding.evidence.get("worst", {})
+        kind, idx = worst.get("modality", ""), int(worst.get("index", -1))
+        items = inputs.get(kind, [])
+        if not 0 <= idx < len(items):
+            return
+        embed = target.embed_images if kind == "image" else target.embed_texts
+
+        def call() -> Any:
+            return embed([items[idx]])
+
+        reference, cut = trace_leaf_modules(module, call)
+        with cast_module(module, dtype):
+            low, cut_low = trace_leaf_modules(module, call)
+        report = layer_errors(reference, low)
+        report.update(modality=kind, input_index=idx, truncated=cut or cut_low)
+        finding.evidence["layer_error"] = report
+        growth = report.get("growth")
+        if growth and finding.verdict == Verdict.FAIL and "nonfinite_origin" not in finding.evidence:
+            where = (
+                f"error grows most at module '{growth['module']}' ({growth['type']}: relative error "
+                f"{growth['input_error']:.2g} in, {growth['output_error']:.2g} out)"
+            )
+            finding.title = f"{finding.title}; {where}"
+            finding.message = f"{finding.message}; {where}" if finding.message else where
 
     @staticmethod
     def _embed_all(

@@ -1,16 +1,19 @@
 """Step 5: the same inputs give the same outputs twice in one process and in two processes.
 
-In-process: every batch is run twice through the target the run holds. Across processes: two
-worker processes each load the target by URI (as ``mmchaos validate`` would on two replicas;
-in a run, the pool the contract check used too, started once) and run the same batches; their
-outputs must be identical (the gate can allow a tolerance). This process's outputs are compared
-with the workers' too, for information: they may legitimately differ when earlier checks changed
-process-wide settings.
+In-process: every batch is run twice through one loaded target (the run's own, or with
+``--executor ray`` an actor's). Across processes: two worker processes each load the target by URI
+(as ``mmchaos validate`` would on two replicas; in a run, the pool the contract check used too,
+started once; on Ray, two workers of one actor) and run the same batches; their outputs must be
+identical (the gate can allow a tolerance). The in-process outputs are compared with the workers'
+too, for information: they may legitimately differ when earlier checks changed process-wide settings.
 
-Generative targets (in this process): the same greedy requests twice give the same completions
+Generative targets: the same greedy requests twice give the same completions
 (text, token ids, finish reason, and logprobs within the gate), and sampling with a seed gives the
 same completions twice for each seed; how many different completions the seeds give is reported
 for information (a backend that ignores the seed gives one).
+
+Every part is journaled work (the in-process pass and the generation pairs one work unit each,
+each cross-process batch a job), so ``--resume`` after a kill reads back what had finished.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.engine.generation_inputs import probe_requests, result_signature
 from mmchaos.checks.integration.thread_safety import max_difference
 from mmchaos.errors import MMChaosError, TargetLoadError
+from mmchaos.executors.base import Worker
+from mmchaos.executors.codec import decode_value, encode_value
+from mmchaos.executors.jobs import JobResult, WorkerSpec, describe_exception, shared_spec
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
-from mmchaos.isolation import JobResult, WorkerSpec, describe_exception, prefetch_pool, run_pool, shared_spec
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message
 from mmchaos.targets.wrappers import unwrap
@@ -40,7 +45,72 @@ def _result(out: Any) -> Any:
     return np.array(out, copy=True)
 
 
-def call_job(target: Target, spec: WorkerSpec, payload: tuple[str, list[Any]]) -> dict[str, Any]:
+Batch = tuple[str, list[Any]]
+"""(method, inputs): ``getattr(target, method)(inputs)``."""
+
+
+def twice_unit(worker: Worker, shared: None, batches: list[Batch]) -> dict[str, list[Any]]:
+    """Work unit: every batch through the worker's target, then every batch again (so state one
+    batch leaves behind shows in the other's second run)."""
+    target = worker.target
+    first = [_result(getattr(target, method)(items)) for method, items in batches]
+    return {"first": first, "second": [_result(getattr(target, method)(items)) for method, items in batches]}
+
+
+def _decode_twice(body: dict[str, Any]) -> dict[str, list[Any]]:
+    return {k: decode_value(v) for k, v in body.items()}
+
+
+def generate_twice_unit(
+    worker: Worker, requests: list[list[Message]], settings: list[GenerationParams]
+) -> list[dict[str, Any]]:
+    """Work unit: for each setting in turn, the same requests twice (or the target's typed refusal).
+
+    One unit on one target, so what earlier settings left behind (a warm cache) is there for the
+    later ones wherever the unit runs: on Ray, settings split over actors would meet fresh state."""
+    out: list[dict[str, Any]] = []
+    for params in settings:
+        try:
+            first = worker.target.generate_batch(requests, params)
+            second = worker.target.generate_batch(requests, params)
+        except MMChaosError as exc:
+            out.append({"refused": exc.code, "message": exc.message[:500]})
+            continue
+        out.append({"first": first, "second": second})
+    return out
+
+
+def _encode_generation(outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        dict(out) if "refused" in out else {k: [_encode_result(r) for r in out[k]] for k in ("first", "second")}
+        for out in outs
+    ]
+
+
+def _encode_result(r: GenerationResult) -> dict[str, Any]:
+    """A result as JSON values: its completions and prompt tokens (``extra`` is not compared)."""
+    return {
+        "completions": [[c.text, c.finish_reason, c.token_ids, c.logprobs] for c in r.completions],
+        "prompt_tokens": r.prompt_tokens,
+    }
+
+
+def _decode_generation(body: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        out if "refused" in out else {k: [_decode_result(r) for r in out[k]] for k in ("first", "second")}
+        for out in body
+    ]
+
+
+def _decode_result(body: dict[str, Any]) -> GenerationResult:
+    completions = tuple(
+        Completion(text, reason, tuple(ids) if ids is not None else None, tuple(lp) if lp is not None else None)
+        for text, reason, ids, lp in body["completions"]
+    )
+    return GenerationResult(completions, body["prompt_tokens"])
+
+
+def call_job(target: Target, spec: WorkerSpec, payload: Batch) -> dict[str, Any]:
     """Worker handler: ``getattr(target, method)(items)``."""
     method, items = payload
     try:
@@ -74,8 +144,6 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
     name = "determinism"
     step = Step.INTEGRATION
     requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
-    Params = DeterminismParams
-    Gate = DeterminismGate
 
     def _batches(self, ctx: CheckContext) -> list[tuple[str, list[Any], list[str]]]:
         p = self.params
@@ -106,8 +174,10 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
             if not generative:
                 yield self.finding(ctx, Verdict.SKIPPED, "no inputs of a modality the target handles")
             return
-        first = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
-        second = [_result(getattr(ctx.target, m)(items)) for m, items, _ in batches]
+        unit = [(m, items) for m, items, _ in batches]
+        [twice] = ctx.map_units(twice_unit, None, [unit], keys=["in_process"], encode=encode_value,
+                                decode=_decode_twice)  # fmt: skip
+        first, second = twice["first"], twice["second"]
         yield self._compare(ctx, "in_process", "twice in this process", batches, first, second, g)
         if not p.cross_process:
             return
@@ -115,9 +185,9 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         runs: list[list[Any]] = [[], []]
         failure = ""
         try:
-            with run_pool(ctx, self._spec(inner), call_job, workers=2, start_timeout=p.start_timeout_s) as pool:
-                for method, items, _ in batches:
-                    results: list[JobResult] = pool.broadcast((method, items), p.timeout_s)
+            with ctx.isolated(call_job, self._spec(inner), workers=2, start_timeout=p.start_timeout_s) as pool:
+                for b, (method, items, _) in enumerate(batches):
+                    results: list[JobResult] = pool.broadcast((method, items), p.timeout_s, key=f"cross_process/{b}")
                     for w, res in enumerate(results):
                         if res.status != "ok" or "error" in res.value:
                             failure = res.detail or (res.value or {}).get("error", "").short()
@@ -152,7 +222,7 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
     def prepare(self, ctx: CheckContext) -> None:
         """Start the run's worker pool now (the one contract uses too)."""
         if self.params.cross_process:
-            prefetch_pool(ctx, self._spec(unwrap(ctx.target)), workers=2, start_timeout=self.params.start_timeout_s)
+            ctx.prefetch_isolated(self._spec(unwrap(ctx.target)), workers=2, start_timeout=self.params.start_timeout_s)
 
     def _compare(
         self,
@@ -203,37 +273,36 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         p = self.params
         requests, names = probe_requests(ctx, p.generate_requests)
         greedy = GenerationParams(max_new_tokens=p.max_new_tokens, logprobs=True)
-        yield self._generation_pair(ctx, "generate_greedy", "greedy generate twice", requests, names, [greedy])
         sampled = [
             GenerationParams(max_new_tokens=p.max_new_tokens, temperature=p.temperature, seed=seed, logprobs=True)
             for seed in p.seeds
         ]
+        [outs] = ctx.map_units(generate_twice_unit, requests, [[greedy, *sampled]], keys=["generate"],
+                               encode=_encode_generation, decode=_decode_generation)  # fmt: skip
+        yield self._generation_pair(ctx, "generate_greedy", "greedy generate twice", names, [greedy], outs[:1])
         if sampled:
             how = "seeded sampling twice per seed"
-            yield self._generation_pair(ctx, "generate_seeded", how, requests, names, sampled)
+            yield self._generation_pair(ctx, "generate_seeded", how, names, sampled, outs[1:])
 
     def _generation_pair(
         self,
         ctx: CheckContext,
         mode: str,
         how: str,
-        requests: list[list[Message]],
         names: list[str],
         settings: list[GenerationParams],
+        outs: list[dict[str, Any]],
     ) -> Finding:
         g = self.gate
         evidence: dict[str, Any] = {"mode": mode, "seed": ctx.seed, "methods": ["generate_batch"],
                                     "requests": names, "seeds": [s.seed for s in settings]}  # fmt: skip
-        runs: list[tuple[GenerationParams, list[GenerationResult], list[GenerationResult]]] = []
-        try:
-            for params in settings:
-                first = ctx.target.generate_batch(requests, params)
-                runs.append((params, first, ctx.target.generate_batch(requests, params)))
-        except MMChaosError as exc:
+        refused = next((out for out in outs if "refused" in out), None)
+        if refused is not None:
             return self.finding(
-                ctx, Verdict.ERROR, f"{how}: the target refused the requests ({exc.code})", severity=Severity.MEDIUM,
-                message=exc.message[:500], evidence=evidence,
+                ctx, Verdict.ERROR, f"{how}: the target refused the requests ({refused['refused']})",
+                severity=Severity.MEDIUM, message=refused["message"], evidence=evidence,
             )  # fmt: skip
+        runs = [(params, out["first"], out["second"]) for params, out in zip(settings, outs, strict=True)]
         differing: list[dict[str, Any]] = []
         worst_logprob = 0.0
         for params, first, second in runs:
@@ -246,17 +315,17 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
                     differing.append({"request": name, "seed": params.seed, "first": a.text[:200],
                                       "second": b.text[:200], "max_logprob_diff": gap})  # fmt: skip
         metrics = {
-            "requests": float(len(requests) * len(runs)),
+            "requests": float(len(names) * len(runs)),
             "differing_requests": float(len(differing)),
             "max_logprob_diff": worst_logprob,
         }
         if mode == "generate_seeded":
-            distinct = [len({result_signature(first[i]) for _, first, _ in runs}) for i in range(len(requests))]
+            distinct = [len({result_signature(first[i]) for _, first, _ in runs}) for i in range(len(names))]
             metrics["mean_distinct_over_seeds"] = float(np.mean(distinct)) if distinct else 0.0
         gate = f"identical completions (text, tokens, finish reason) and logprobs within {g.max_abs_diff:g}"
         if not differing:
             return self.finding(
-                ctx, Verdict.PASS, f"{how}: identical completions ({len(requests)} requests)", metrics=metrics,
+                ctx, Verdict.PASS, f"{how}: identical completions ({len(names)} requests)", metrics=metrics,
                 gate=gate, evidence=evidence,
             )  # fmt: skip
         evidence["differing"] = differing[:10]

@@ -241,8 +241,6 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
     name = "fingerprint_match"
     step = Step.INTEGRATION
     requires = (frozenset(),)
-    Params = FingerprintMatchParams
-    Gate = FingerprintMatchGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -47,8 +47,6 @@ class ImageCacheIsolation(Check[ImageCacheIsolationParams, ImageCacheIsolationGa
     name = "image_cache_isolation"
     step = Step.INTEGRATION
     requires = (frozenset({Capability.GENERATE}),)
-    Params = ImageCacheIsolationParams
-    Gate = ImageCacheIsolationGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -46,8 +46,6 @@ class MultiTurnConsistency(Check[MultiTurnConsistencyParams, MultiTurnConsistenc
     name = "multi_turn_consistency"
     step = Step.INTEGRATION
     requires = (frozenset({Capability.GENERATE}),)
-    Params = MultiTurnConsistencyParams
-    Gate = MultiTurnConsistencyGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -145,8 +145,6 @@ class ThreadSafety(Check[ThreadSafetyParams, ThreadSafetyGate]):
     name = "thread_safety"
     step = Step.INTEGRATION
     requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
-    Params = ThreadSafetyParams
-    Gate = ThreadSafetyGate
 
     def _calls(self, ctx: CheckContext) -> dict[str, list[_Call]]:
         p = self.params

@@ -121,8 +121,6 @@ class DriftDetection(Check[DriftDetectionParams, DriftDetectionGate]):
     name = "drift_detection"
     step = Step.OBSERVABILITY
     requires = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
-    Params = DriftDetectionParams
-    Gate = DriftDetectionGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         from mmchaos import perturb

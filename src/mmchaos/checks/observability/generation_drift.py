@@ -215,8 +215,6 @@ class GenerationDrift(Check[GenerationDriftParams, GenerationDriftGate]):
     name = "generation_drift"
     step = Step.OBSERVABILITY
     requires = (frozenset({Capability.GENERATE}),)
-    Params = GenerationDriftParams
-    Gate = GenerationDriftGate
 
     def _answers(self, ctx: CheckContext, images: Sequence[Any], prompts: Sequence[str], bar: Any) -> list[str]:
         params = GenerationParams(max_new_tokens=self.params.max_tokens, logprobs=False)

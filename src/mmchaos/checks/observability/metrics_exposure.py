@@ -28,6 +28,7 @@ from mmchaos.checks.evidence import png_bytes
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability
+from mmchaos.targets.openai_forms import ImageForm
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["CONVENTIONS", "DEFAULT_SERIES", "MetricsExposure", "SeriesSpec", "exposed_conventions"]
@@ -242,9 +243,9 @@ def _tls(ctx: CheckContext) -> Any:
     """The run's TLS context (httpx would build one per transport, parsing the CA bundle again)."""
     import httpx
 
-    from mmchaos.resources import shared
+    from mmchaos.executors.resources import shared
 
-    with shared(ctx, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
+    with shared(ctx.resources, ("tls_context",), httpx.create_ssl_context, lambda _: None) as (tls, _):
         return tls
 
 
@@ -254,7 +255,6 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
     name = "metrics_exposure"
     step = Step.OBSERVABILITY
     requires = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
-    Params = MetricsExposureParams
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         import httpx
@@ -286,7 +286,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
                     return
                 before = _scrape(before_resp.text)
                 path = f"{dep.prefix}/embeddings"
-                bodies = self._bodies(ctx, dep.model, modalities, p.requests_per_modality)
+                bodies = self._bodies(ctx, dep.model, modalities, p.requests_per_modality, dep.image_form)
                 for kind, body in bodies:
                     resp = client.post(path, content=body, headers={"Content-Type": "application/json"})
                     sent[kind] = sent.get(kind, 0) + 1
@@ -294,9 +294,13 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
                 after = _scrape(client.get(p.metrics_path).text)
         finally:
             teardown = dep.close()
-        yield from self._judge(ctx, p, before, after, modalities, sent, statuses, teardown, ledger.summary())
+        form = dep.image_form if "image" in modalities else None
+        yield from self._judge(ctx, p, before, after, modalities, sent, statuses, teardown, ledger.summary(), form)
 
-    def _bodies(self, ctx: CheckContext, model: str, modalities: list[str], n: int) -> list[tuple[str, bytes]]:
+    def _bodies(
+        self, ctx: CheckContext, model: str, modalities: list[str], n: int, form: ImageForm
+    ) -> list[tuple[str, bytes]]:
+        """The traffic between the scrapes; images in the endpoint's image ``form``."""
         import json
 
         p = self.params
@@ -308,10 +312,11 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
                 text = (s.caption or s.text or s.label) if s is not None else None
                 out.append(("text", json.dumps({"model": model, "input": text or "a photo"}).encode()))
             if "image" in modalities and s is not None:
-                out.append(("image", image_request_body(model, png_data_url(png_bytes(s.load_image())))))
+                out.append(("image", image_request_body(form, model, png_data_url(png_bytes(s.load_image())))))
         for i in range(p.malformed_requests):
             if i % 2 == 0 and "image" in modalities:
-                out.append(("malformed", image_request_body(model, png_data_url(b"\x89PNG\r\n\x1a\nnot really"))))
+                malformed = png_data_url(b"\x89PNG\r\n\x1a\nnot really")
+                out.append(("malformed", image_request_body(form, model, malformed)))
             else:
                 out.append(("malformed", json.dumps({"model": model, "input": []}).encode()))
         return out
@@ -340,6 +345,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         statuses: dict[str, int],
         teardown: dict[str, Any],
         budget: dict[str, Any],
+        image_form: str | None = None,
     ) -> Iterator[Finding]:
         families = sorted({name for name, _ in after})
         detected = exposed_conventions(after, list(p.conventions))
@@ -347,6 +353,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         context = {
             "conventions": detected,
             "traffic": sent,
+            "image_form": image_form,
             "answers": statuses,
             "families_seen": families[:200],
             "budget": budget,

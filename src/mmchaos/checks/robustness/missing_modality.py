@@ -56,8 +56,6 @@ class MissingModality(Check[MissingModalityParams, MissingModalityGate]):
     name = "missing_modality"
     step = Step.ROBUSTNESS
     requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
-    Params = MissingModalityParams
-    Gate = MissingModalityGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

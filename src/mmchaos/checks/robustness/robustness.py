@@ -175,8 +175,6 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         frozenset({Capability.READ_TEXT}),
         frozenset({Capability.GENERATE}),
     )
-    Params = RobustnessParams
-    Gate = RobustnessGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

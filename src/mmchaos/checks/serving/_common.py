@@ -45,19 +45,31 @@ def experiment_finding(
     verdict = Verdict.PASS
     severity = Severity.INFO
     suggestion = ""
+    harness = before is not None and not before["steady_state_met"] and bool(before.get("harness_problem"))
+    if harness:
+        # The service refused the harness's own good traffic: nothing about resilience was measured.
+        problems.append(f"the steady state did not hold before any fault: {before['why']}")
+        verdict, severity = Verdict.ERROR, Severity.MEDIUM
+        suggestion = (
+            "make the good traffic acceptable to the endpoint before judging it: compare the journal's "
+            "experiment.traffic (endpoint, image form) and the refusals' error codes with what the server takes "
+            "(for openai: targets the image form is the one the probe found; check --model and the API key)"
+        )
     if ex.aborted:
         problems.append(f"aborted: {ex.aborted}")
-        verdict, severity = Verdict.FAIL, Severity.HIGH
-        suggestion = (
-            "the safeguard stopped the experiment: find what held the service outside its SLO (the journal "
-            "shows the phase and its windows); a service that cannot hold its SLO without faults is not ready"
-        )
-    if before is not None and not before["steady_state_met"]:
-        problems.append("the steady state did not hold before any fault")
+        if not harness:
+            verdict, severity = Verdict.FAIL, Severity.HIGH
+            suggestion = (
+                "the safeguard stopped the experiment: find what held the service outside its SLO (the journal "
+                "shows the phase and its windows); a service that cannot hold its SLO without faults is not ready"
+            )
+    if before is not None and not before["steady_state_met"] and not harness:
+        problems.append(f"the steady state did not hold before any fault: {before.get('why', 'the SLO was not met')}")
         verdict, severity = Verdict.FAIL, Severity.HIGH
         suggestion = suggestion or "fix the baseline first: the SLO does not hold on clean traffic"
     if after is not None and not after["steady_state_met"]:
-        problems.append("the steady state did not hold after the method (deviated)")
+        why = after.get("why")
+        problems.append("the steady state did not hold after the method (deviated)" + (f": {why}" if why else ""))
         verdict, severity = Verdict.FAIL, Severity.HIGH
         suggestion = suggestion or "the service did not come back to its SLO after the faults were removed"
     if not budget["respected"]:

@@ -166,8 +166,6 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
     name = "serving_faults"
     step = Step.SERVING
     requires = EMBEDS
-    Params = ServingFaultsParams
-    Gate = ServingFaultsGate
 
     def plan(self) -> list[tuple[str, str, FaultLevel]]:
         p = self.params

@@ -120,8 +120,6 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
     name = "serving_overload"
     step = Step.SERVING
     requires = (*EMBEDS, frozenset({Capability.GENERATE}))  # generative targets: chat completions
-    Params = ServingOverloadParams
-    Gate = ServingOverloadGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

@@ -35,6 +35,7 @@ from mmchaos.checks.serving._common import (
 )
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
+from mmchaos.targets.openai_forms import ImageForm, chat_body, chat_image_content
 from mmchaos.targets.wrappers import unwrap
 
 if TYPE_CHECKING:
@@ -97,68 +98,62 @@ class ServingPoisonGate(Gate):
     good_within_slo: bool = Field(True, description="good requests also keep the SLO's p99")
 
 
-def _poison_bodies(
-    p: ServingPoisonParams, model: str, path: str, ctx: CheckContext, *, chat: bool = False
-) -> dict[str, bytes]:
-    """One request body per poison kind; ``chat``: as chat completions (a generative target)."""
-    import json
-
-    if chat:
-        return _chat_poison_bodies(p, model, ctx)
+def _poison_urls(p: ServingPoisonParams, ctx: CheckContext) -> dict[str, str]:
+    """The ``data:`` URL of each image poison kind asked for."""
     rng = ctx.rng("poison")
     sample = ctx.dataset[0] if len(ctx.dataset) and ctx.dataset.has_images else None
     png = png_bytes(sample.load_image()) if sample is not None else png_bytes(np.full((64, 64, 3), 90, np.uint8))
-    out: dict[str, bytes] = {}
+    out: dict[str, str] = {}
     for name in p.poisons:
         if name == "malformed_base64":
-            out[name] = image_request_body(model, "data:image/png;base64,iVBORw0KGgo!!not*base64@@")
+            out[name] = "data:image/png;base64,iVBORw0KGgo!!not*base64@@"
         elif name == "garbage_image":
-            blob = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
-            out[name] = image_request_body(model, png_data_url(blob))
+            out[name] = png_data_url(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
         elif name == "truncated_png":
-            out[name] = image_request_body(model, png_data_url(png[: len(png) // 2]))
+            out[name] = png_data_url(png[: len(png) // 2])
         elif name == "declared_huge":
-            out[name] = image_request_body(model, png_data_url(declared_png(p.declared_side, p.declared_side)))
+            out[name] = png_data_url(declared_png(p.declared_side, p.declared_side))
         elif name == "decompression_bomb":
-            out[name] = image_request_body(model, png_data_url(bomb_png(p.bomb_side)))
+            out[name] = png_data_url(bomb_png(p.bomb_side))
         elif name == "huge_image":
-            out[name] = image_request_body(model, png_data_url(gradient_jpeg(p.huge_side), "image/jpeg"))
-        elif name == "huge_text":
-            words = ("lorem", "ipsum", "dolor", "sit", "amet")
-            text = " ".join(words[i % 5] for i in range(p.huge_text_bytes // 6))
-            out[name] = json.dumps({"model": model, "input": text}).encode()
-        elif name == "invalid_json":
-            out[name] = b'{"model": "' + model.encode() + b'", "input": ["unterminated'
-        elif name == "wrong_schema":
-            out[name] = json.dumps({"model": model, "input": {"nested": [1, 2, 3]}}).encode()
-    del path
+            out[name] = png_data_url(gradient_jpeg(p.huge_side), "image/jpeg")
     return out
 
 
-def _chat_poison_bodies(p: ServingPoisonParams, model: str, ctx: CheckContext) -> dict[str, bytes]:
-    """The same poisons as chat completions: each image in an ``image_url`` part beside a question."""
+def _huge_text(p: ServingPoisonParams) -> str:
+    words = ("lorem", "ipsum", "dolor", "sit", "amet")
+    return " ".join(words[i % 5] for i in range(p.huge_text_bytes // 6))
+
+
+def _poison_bodies(
+    p: ServingPoisonParams, model: str, ctx: CheckContext, *, form: ImageForm, chat: bool = False
+) -> dict[str, bytes]:
+    """One request body per poison kind, in ``p.poisons`` order; the images in the deployment's
+    image ``form`` (``/embeddings``), or, with ``chat`` (a generative target), each in an
+    ``image_url`` part beside a question in a chat message."""
     import json
 
-    def chat(content: Any) -> bytes:
-        return json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8,
-                           "temperature": 0}).encode()  # fmt: skip
+    def chat_request(content: Any) -> bytes:
+        return json.dumps(chat_body(model, content, max_tokens=8, temperature=0)).encode()
 
-    def image(url: str) -> bytes:
-        return chat([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}])
-
-    # The image poisons are the embeddings ones with the image moved into a chat message.
-    embed = _poison_bodies(p, model, "", ctx)
+    urls = _poison_urls(p, ctx)
+    field = "messages" if chat else "input"
     out: dict[str, bytes] = {}
-    for name, body in embed.items():
-        if POISONS[name].needs == Capability.EMBED_IMAGE:
-            out[name] = image(json.loads(body)["messages"][0]["content"][0]["image_url"]["url"])
-    if "huge_text" in embed:
-        words = ("lorem", "ipsum", "dolor", "sit", "amet")
-        out["huge_text"] = chat(" ".join(words[i % 5] for i in range(p.huge_text_bytes // 6)))
-    if "invalid_json" in embed:
-        out["invalid_json"] = b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": "unter'
-    if "wrong_schema" in embed:
-        out["wrong_schema"] = json.dumps({"model": model, "messages": {"nested": [1, 2, 3]}}).encode()
+    for name in p.poisons:
+        if name in urls:
+            out[name] = (
+                chat_request(chat_image_content([urls[name]], "What is this?"))
+                if chat
+                else image_request_body(form, model, urls[name])
+            )
+        elif name == "huge_text":
+            text = _huge_text(p)
+            out[name] = chat_request(text) if chat else json.dumps({"model": model, "input": text}).encode()
+        elif name == "invalid_json":
+            tail = '"messages": [{"role": "user", "content": "unter' if chat else '"input": ["unterminated'
+            out[name] = b'{"model": "' + model.encode() + b'", ' + tail.encode()
+        elif name == "wrong_schema":
+            out[name] = json.dumps({"model": model, field: {"nested": [1, 2, 3]}}).encode()
     return out
 
 
@@ -197,8 +192,6 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
     name = "serving_poison"
     step = Step.SERVING
     requires = (*EMBEDS, frozenset({Capability.GENERATE}))
-    Params = ServingPoisonParams
-    Gate = ServingPoisonGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -220,7 +213,8 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
         try:
             with ex:
                 path = good_path(ex.dep)
-                bodies = {k: v for k, v in _poison_bodies(p, ex.dep.model, path, ctx, chat=chat).items() if k in kinds}
+                made = _poison_bodies(p, ex.dep.model, ctx, form=ex.dep.image_form, chat=chat)
+                bodies = {k: v for k, v in made.items() if k in kinds}
                 ex.warmup()
                 before = ex.steady_state("before")
                 bar.advance()

@@ -104,8 +104,6 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
     name = "serving_resilience"
     step = Step.SERVING
     requires = EMBEDS
-    Params = ServingResilienceParams
-    Gate = ServingResilienceGate
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -278,7 +276,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
                 f"{ex.dep.url}{ex.dep.prefix}",
                 model=ex.dep.model,
                 capabilities=[Capability.EMBED_TEXT if text else Capability.EMBED_IMAGE],
-                image_input="messages",
+                image_input=ex.dep.image_form,
                 api_key_env=key_env,
                 timeout=p.request_timeout_s,
                 max_retries=max_retries,

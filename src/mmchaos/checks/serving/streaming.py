@@ -19,8 +19,6 @@ used as it is (loopback only unless allowed).
 
 from __future__ import annotations
 
-import base64
-import io
 import itertools
 import json
 import re
@@ -37,9 +35,12 @@ from pydantic import Field
 
 from mmchaos.chaos.deployment import Deployment
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.evidence import png_bytes
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability
+from mmchaos.targets.openai_forms import chat_body, chat_image_content
+from mmchaos.targets.openai_wire import data_url
 
 __all__ = ["ServingStreaming", "StreamRecord", "parse_sse", "percentile"]
 
@@ -150,14 +151,6 @@ def _ms(x: float | None) -> float:
     return round(x * 1000.0, 3) if x is not None else -1.0
 
 
-def _png_data_url(image: Any) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 class _Client:
     """The check's own HTTP client for one deployment (httpx, bounded timeouts)."""
 
@@ -169,8 +162,7 @@ class _Client:
         self.http = httpx.Client(timeout=timeout, headers=dict(dep.auth), trust_env=False)
 
     def body(self, content: Any, max_tokens: int, stream: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.dep.model, "messages": [{"role": "user", "content": content}],
-                               "max_tokens": max_tokens, "temperature": 0, "stream": stream}  # fmt: skip
+        out = chat_body(self.dep.model, content, max_tokens=max_tokens, temperature=0, stream=stream)
         if stream:
             out["stream_options"] = {"include_usage": True}
         return out
@@ -267,8 +259,6 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
     name = "serving_streaming"
     step = Step.SERVING
     requires = (frozenset({Capability.GENERATE}),)
-    Params = ServingStreamingParams
-    Gate = ServingStreamingGate
 
     def _contents(self, ctx: CheckContext, count: int) -> list[Any]:
         """Request contents: the dataset's images (a PNG data URL each) with the prompt; text only without."""
@@ -278,8 +268,8 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
             return [f"{p.prompt} ({i})" for i in range(count)]
         out = []
         for i in range(count):
-            url = _png_data_url(images[i % len(images)].load_image())
-            out.append([{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": p.prompt}])
+            url = data_url(png_bytes(images[i % len(images)].load_image()))
+            out.append(chat_image_content([url], p.prompt))
         return out
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:

@@ -127,10 +127,11 @@ class RunResources:
 
 
 @contextlib.contextmanager
-def shared(ctx: Any, key: Hashable, factory: Callable[[], T], close: Callable[[T], None]) -> Iterator[tuple[T, bool]]:
-    """``(resource, is_shared)``: the run's resource under ``key`` when ``ctx`` has run resources,
+def shared(
+    resources: RunResources | None, key: Hashable, factory: Callable[[], T], close: Callable[[T], None]
+) -> Iterator[tuple[T, bool]]:
+    """``(resource, is_shared)``: the run's resource under ``key`` when there are run ``resources``,
     else one started for this block alone and closed at its end (a check run on its own)."""
-    resources: RunResources | None = getattr(ctx, "resources", None)
     if resources is not None:
         yield resources.get(key, factory, close), True
         return

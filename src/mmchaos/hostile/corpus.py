@@ -18,9 +18,6 @@ zero-stride views, never allocations.
 
 from __future__ import annotations
 
-import io
-import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,8 +26,18 @@ import numpy as np
 import numpy.typing as npt
 
 from mmchaos.guard.limits import INT32_MAX, declared_elements
+from mmchaos.hostile.encoders import (
+    as_rgb,
+    bomb_png_1bit,
+    header_only_png,
+    last_frame_rgb,
+    plain_rgb,
+    png16_rgb,
+    save,
+    to_pil,
+)
 
-__all__ = ["CASES", "Case", "CorpusBase", "Payload", "case_names", "select_cases"]
+__all__ = ["CASES", "Case", "CorpusBase", "Expect", "Kind", "Payload", "case_names", "get_case", "select_cases"]
 
 Expect = Literal["reject", "equivalent", "either"]
 Kind = Literal["image_bytes", "image_array", "text", "text_bytes"]
@@ -82,73 +89,6 @@ class Case:
         return n is not None and n > INT32_MAX
 
 
-# -- encoders ------------------------------------------------------------------------------------
-
-
-def _save(img: Any, fmt: str, **kw: Any) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format=fmt, **kw)
-    return buf.getvalue()
-
-
-def _pil(arr: U8) -> Any:
-    from PIL import Image
-
-    return Image.fromarray(np.ascontiguousarray(arr))
-
-
-def _plain_rgb(blob: bytes) -> U8:
-    """Pillow's decode of the stored pixels, no orientation applied (the reference decoder)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(blob)) as img:
-        img.load()
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
-
-
-def _png_chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-
-def _png_raw(width: int, height: int, bit_depth: int, colour_type: int, idat: bytes) -> bytes:
-    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
-
-
-def _zero_rows_zlib(row_bytes: int, rows: int) -> bytes:
-    """zlib of ``rows`` filter-0 scanlines of zeros, streamed (never held uncompressed)."""
-    comp = zlib.compressobj(9)
-    row = b"\x00" * (1 + row_bytes)
-    chunk = 512
-    parts = [comp.compress(row * min(chunk, rows - i)) for i in range(0, rows, chunk)]
-    parts.append(comp.flush())
-    return b"".join(parts)
-
-
-def _bomb_png_1bit(side: int) -> bytes:
-    """A genuine, complete 1-bit PNG of ``side`` x ``side`` black pixels: kilobytes on disk."""
-    return _png_raw(side, side, 1, 0, _zero_rows_zlib((side + 7) // 8, side))
-
-
-def _header_only_png(width: int, height: int, colour_type: int = 2) -> bytes:
-    """A PNG whose header declares ``width`` x ``height`` but whose data holds one row."""
-    channels = {0: 1, 2: 3, 6: 4}[colour_type]
-    first_row = zlib.compress(b"\x00" + b"\x00" * min(width * channels, 4096))
-    return _png_raw(width, height, 8, colour_type, first_row)
-
-
-def _png16_rgb(arr8: U8) -> bytes:
-    """A 48-bit RGB PNG (Pillow cannot write one) holding ``arr8 * 257``: 16 bits per channel."""
-    h, w, _ = arr8.shape
-    wide = (arr8.astype(">u2") * 257).reshape(h, w * 3)
-    raw = b"".join(b"\x00" + wide[y].tobytes() for y in range(h))
-    return _png_raw(w, h, 16, 2, zlib.compress(raw, 9))
-
-
-def _as_rgb(mode_img: Any) -> U8:
-    return np.asarray(mode_img.convert("RGB"), dtype=np.uint8)
-
-
 # -- the cases -----------------------------------------------------------------------------------
 
 # EXIF orientation -> the transpose that turns the stored pixels upright (Pillow's table).
@@ -177,13 +117,13 @@ def _exif_case(orientation: int) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
         from PIL import Image
 
-        upright = _pil(base.image)
+        upright = to_pil(base.image)
         stored = upright.transpose(getattr(Image.Transpose, _EXIF_STORE[orientation]))
         exif = Image.Exif()
         exif[0x0112] = orientation
-        blob = _save(stored, "JPEG", quality=95, exif=exif.tobytes())
-        plain = _plain_rgb(blob)
-        fixed = _pil(plain).transpose(getattr(Image.Transpose, _EXIF_UPRIGHT[orientation]))
+        blob = save(stored, "JPEG", quality=95, exif=exif.tobytes())
+        plain = plain_rgb(blob)
+        fixed = to_pil(plain).transpose(getattr(Image.Transpose, _EXIF_UPRIGHT[orientation]))
         return Payload(
             blob,
             expected=np.asarray(fixed, dtype=np.uint8),
@@ -197,22 +137,22 @@ def _exif_case(orientation: int) -> Callable[[CorpusBase], Payload]:
 
 def _mode_png(mode: str, transparency: bool = False) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
-        img = _pil(base.image)
+        img = to_pil(base.image)
         if mode == "P":
             conv = img.quantize(colors=255, dither=0)
             if transparency:  # a transparency index that no pixel uses: the picture is opaque
                 conv.info["transparency"] = 255
-                blob = _save(conv, "PNG", transparency=255)
+                blob = save(conv, "PNG", transparency=255)
             else:
-                blob = _save(conv, "PNG")
-            return Payload(blob, expected=_as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png")
+                blob = save(conv, "PNG")
+            return Payload(blob, expected=as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png")
         if mode in ("RGBA", "LA"):
             conv = img.convert(mode)  # alpha 255 everywhere: the picture is opaque
             return Payload(
-                _save(conv, "PNG"), expected=_as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png"
+                save(conv, "PNG"), expected=as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png"
             )
         conv = img.convert(mode)
-        return Payload(_save(conv, "PNG"), expected=_as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png")
+        return Payload(save(conv, "PNG"), expected=as_rgb(conv), filename=f"mode_{mode}.png", media_type="image/png")
 
     return build
 
@@ -222,50 +162,50 @@ def _rgba_transparent(base: CorpusBase) -> Payload:
     h = rgba.shape[0]
     rgba[: h // 3, :, 3] = 0  # the top third is fully transparent (its RGB is black)
     rgba[: h // 3, :, :3] = 0
-    return Payload(_save(_pil(rgba), "PNG"), filename="rgba_transparent.png", media_type="image/png")
+    return Payload(save(to_pil(rgba), "PNG"), filename="rgba_transparent.png", media_type="image/png")
 
 
 def _i16_png(base: CorpusBase) -> Payload:
-    gray8 = np.asarray(_pil(base.image).convert("L"), dtype=np.uint8)
+    gray8 = np.asarray(to_pil(base.image).convert("L"), dtype=np.uint8)
     wide = gray8.astype(np.uint16) * 257
-    img = _pil(wide)  # type: ignore[arg-type]
+    img = to_pil(wide)  # type: ignore[arg-type]
     return Payload(
-        _save(img, "PNG"),
+        save(img, "PNG"),
         expected=np.repeat(gray8[:, :, None], 3, axis=2),
-        wrong={"16bit_clipped_to_white": _as_rgb(img)},
+        wrong={"16bit_clipped_to_white": as_rgb(img)},
         filename="mode_I16.png",
         media_type="image/png",
     )
 
 
 def _i_tiff(base: CorpusBase) -> Payload:
-    gray8 = np.asarray(_pil(base.image).convert("L"), dtype=np.uint8)
+    gray8 = np.asarray(to_pil(base.image).convert("L"), dtype=np.uint8)
     wide = gray8.astype(np.int32) * 257
-    img = _pil(wide)  # type: ignore[arg-type]
+    img = to_pil(wide)  # type: ignore[arg-type]
     return Payload(
-        _save(img, "TIFF"),
+        save(img, "TIFF"),
         expected=np.repeat(gray8[:, :, None], 3, axis=2),
-        wrong={"16bit_clipped_to_white": _as_rgb(img)},
+        wrong={"16bit_clipped_to_white": as_rgb(img)},
         filename="mode_I.tiff",
         media_type="image/tiff",
     )
 
 
 def _f_tiff(base: CorpusBase) -> Payload:
-    gray = np.asarray(_pil(base.image).convert("L"), dtype=np.float32) / 255.0
-    return Payload(_save(_pil(gray), "TIFF"), filename="mode_F.tiff", media_type="image/tiff")  # type: ignore[arg-type]
+    gray = np.asarray(to_pil(base.image).convert("L"), dtype=np.float32) / 255.0
+    return Payload(save(to_pil(gray), "TIFF"), filename="mode_F.tiff", media_type="image/tiff")  # type: ignore[arg-type]
 
 
 def _png16_rgb_case(base: CorpusBase) -> Payload:
-    return Payload(_png16_rgb(base.image), expected=base.image, filename="rgb_16bit.png", media_type="image/png")
+    return Payload(png16_rgb(base.image), expected=base.image, filename="rgb_16bit.png", media_type="image/png")
 
 
 def _cmyk(fmt: str) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
-        cmyk = _pil(base.image).convert("CMYK")
+        cmyk = to_pil(base.image).convert("CMYK")
         if fmt == "JPEG":
-            blob = _save(cmyk, "JPEG", quality=95)
-            expected = _plain_rgb(blob)
+            blob = save(cmyk, "JPEG", quality=95)
+            expected = plain_rgb(blob)
             return Payload(
                 blob,
                 expected=expected,
@@ -273,11 +213,11 @@ def _cmyk(fmt: str) -> Callable[[CorpusBase], Payload]:
                 filename="mode_CMYK.jpg",
                 media_type="image/jpeg",
             )
-        blob = _save(cmyk, "TIFF")
+        blob = save(cmyk, "TIFF")
         return Payload(
             blob,
-            expected=_as_rgb(cmyk),
-            wrong={"cmyk_inverted": (255 - _as_rgb(cmyk)).astype(np.uint8)},
+            expected=as_rgb(cmyk),
+            wrong={"cmyk_inverted": (255 - as_rgb(cmyk)).astype(np.uint8)},
             filename="mode_CMYK.tiff",
             media_type="image/tiff",
         )
@@ -286,11 +226,11 @@ def _cmyk(fmt: str) -> Callable[[CorpusBase], Payload]:
 
 
 def _png(base: CorpusBase) -> bytes:
-    return _save(_pil(base.image), "PNG")
+    return save(to_pil(base.image), "PNG")
 
 
 def _jpeg(base: CorpusBase) -> bytes:
-    return _save(_pil(base.image), "JPEG", quality=95)
+    return save(to_pil(base.image), "JPEG", quality=95)
 
 
 def _truncated(fmt: str) -> Callable[[CorpusBase], Payload]:
@@ -322,7 +262,7 @@ def _jpeg_named_png(base: CorpusBase) -> Payload:
     blob = _jpeg(base)
     return Payload(
         blob,
-        expected=_plain_rgb(blob),
+        expected=plain_rgb(blob),
         filename="photo.png",
         media_type="image/png",
         note="JPEG bytes in a file named .png: decoding must sniff the content, not trust the name",
@@ -331,7 +271,7 @@ def _jpeg_named_png(base: CorpusBase) -> Payload:
 
 def _webp(base: CorpusBase) -> Payload:
     return Payload(
-        _save(_pil(base.image), "WEBP", lossless=True),
+        save(to_pil(base.image), "WEBP", lossless=True),
         expected=base.image,
         filename="lossless.webp",
         media_type="image/webp",
@@ -342,15 +282,15 @@ def _size_png(width: int, height: int) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
         from PIL import Image
 
-        img = _pil(base.image).resize((width, height), Image.Resampling.BILINEAR)
-        return Payload(_save(img, "PNG"), filename=f"size_{width}x{height}.png", media_type="image/png")
+        img = to_pil(base.image).resize((width, height), Image.Resampling.BILINEAR)
+        return Payload(save(img, "PNG"), filename=f"size_{width}x{height}.png", media_type="image/png")
 
     return build
 
 
 def _bomb(side: int) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
-        return Payload(_bomb_png_1bit(side), filename=f"bomb_{side}x{side}_1bit.png", media_type="image/png")
+        return Payload(bomb_png_1bit(side), filename=f"bomb_{side}x{side}_1bit.png", media_type="image/png")
 
     return build
 
@@ -358,7 +298,7 @@ def _bomb(side: int) -> Callable[[CorpusBase], Payload]:
 def _header_only(width: int, height: int, colour_type: int) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
         return Payload(
-            _header_only_png(width, height, colour_type),
+            header_only_png(width, height, colour_type),
             filename=f"declared_{width}x{height}.png",
             media_type="image/png",
         )
@@ -368,25 +308,21 @@ def _header_only(width: int, height: int, colour_type: int) -> Callable[[CorpusB
 
 def _animated(fmt: str) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
-        frames = [_pil(base.image), _pil((255 - base.image).astype(np.uint8)), _pil(np.roll(base.image, 7, axis=1))]
+        frames = [
+            to_pil(base.image),
+            to_pil((255 - base.image).astype(np.uint8)),
+            to_pil(np.roll(base.image, 7, axis=1)),
+        ]
         if fmt == "GIF":
-            blob = _save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=80, loop=0)
-            expected = _plain_rgb(blob)  # the first frame after GIF's palette quantisation
-            wrong = {"last_frame": np.asarray(_plain_last_frame(blob), dtype=np.uint8)}
+            blob = save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=80, loop=0)
+            expected = plain_rgb(blob)  # the first frame after GIF's palette quantisation
+            wrong = {"last_frame": np.asarray(last_frame_rgb(blob), dtype=np.uint8)}
             return Payload(blob, expected=expected, wrong=wrong, filename="animated.gif", media_type="image/gif")
-        blob = _save(frames[0], "WEBP", save_all=True, append_images=frames[1:], duration=80, lossless=True)
+        blob = save(frames[0], "WEBP", save_all=True, append_images=frames[1:], duration=80, lossless=True)
         wrong = {"last_frame": np.roll(base.image, 7, axis=1)}
         return Payload(blob, expected=base.image, wrong=wrong, filename="animated.webp", media_type="image/webp")
 
     return build
-
-
-def _plain_last_frame(blob: bytes) -> U8:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(blob)) as img:
-        img.seek(getattr(img, "n_frames", 1) - 1)
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
 
 
 def _array(fn: Callable[[U8], Any], expected: Callable[[U8], Any] | None = None) -> Callable[[CorpusBase], Payload]:
@@ -613,7 +549,7 @@ CASES: tuple[Case, ...] = (
         "image_array",
         "either",
         "an (H, W) grey uint8 array",
-        _array(lambda img: np.asarray(_pil(img).convert("L"))),
+        _array(lambda img: np.asarray(to_pil(img).convert("L"))),
     ),
     Case(
         "array_rgba",

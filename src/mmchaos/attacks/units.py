@@ -1,4 +1,4 @@
-"""The attack batches of the image attack checks as executor work units, and the functions that run them.
+"""The image attacks as executor work units, and the functions that run them on a worker.
 
 An attack is cut into units of one batch of same-shape samples at one eps: PGD (white-box),
 Square Attack (black-box, and the white-box check's masking comparison) and transfer (PGD on a
@@ -23,20 +23,12 @@ import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.attacks.gradient import AttackConfig, pgd
+from mmchaos.attacks.judge import Judge, JudgeState
 from mmchaos.attacks.losses import embedding_shift_loss, retrieval_loss, unit_tensor, zero_shot_loss
+from mmchaos.attacks.plan import ImageArray, SampledPlan, UnitWorker, by_shape, decode_image, encode_image
 from mmchaos.attacks.preprocess import ImagePath, image_path, to_images, to_tensor
 from mmchaos.attacks.query import QueryBudget, square_attack
-from mmchaos.checks.adversarial._common import (
-    ImageArray,
-    Judge,
-    JudgeState,
-    SampledPlan,
-    by_shape,
-    decode_image,
-    encode_image,
-)
 from mmchaos.errors import TargetCallError
-from mmchaos.executors import Worker
 from mmchaos.targets.wrappers import as_model_call
 
 __all__ = [
@@ -44,8 +36,8 @@ __all__ = [
     "PgdOutcome",
     "PgdResult",
     "PgdUnit",
-    "SquareResult",
     "SquareUnit",
+    "SquareUnitResult",
     "TransferUnit",
     "decode_pgd",
     "decode_square",
@@ -126,7 +118,7 @@ class PgdResult:
 
 
 @dataclass
-class SquareResult:
+class SquareUnitResult:
     """Per sample: success and queries; the batch's booking, and the flipped adversarial images."""
 
     success: list[bool]
@@ -180,12 +172,12 @@ class PgdOutcome:
 # --- on a worker ---------------------------------------------------------------------------------
 
 
-def _judge(worker: Worker, plan: AttackPlan, budget: QueryBudget | None = None) -> Judge:
+def _judge(worker: UnitWorker, plan: AttackPlan, budget: QueryBudget | None = None) -> Judge:
     assert plan.judge is not None
     return Judge(worker.target, plan.data(worker), batch_size=plan.batch_size, budget=budget, state=plan.judge)
 
 
-def _path(worker: Worker, plan: AttackPlan) -> ImagePath:
+def _path(worker: UnitWorker, plan: AttackPlan) -> ImagePath:
     """The target's differentiable image path, built as the driver built it (its first clean image)."""
 
     def make() -> ImagePath:
@@ -198,7 +190,7 @@ def _path(worker: Worker, plan: AttackPlan) -> ImagePath:
     return worker.memo(f"adv/{plan.key}/path", make)
 
 
-def _inputs(worker: Worker, plan: AttackPlan, positions: tuple[int, ...]) -> list[ImageArray]:
+def _inputs(worker: UnitWorker, plan: AttackPlan, positions: tuple[int, ...]) -> list[ImageArray]:
     data = plan.data(worker)
     clean = [data[i].load_image() for i in positions]
     return _path(worker, plan).inputs(clean) if plan.prepared else clean
@@ -209,7 +201,7 @@ def _flipped(plan: AttackPlan, positions: tuple[int, ...], wrong: list[bool], im
     return {i: img for i, w, img in zip(positions, wrong, images, strict=True) if w and ok[i]}
 
 
-def run_pgd_unit(worker: Worker, plan: AttackPlan, unit: PgdUnit) -> PgdResult:
+def run_pgd_unit(worker: UnitWorker, plan: AttackPlan, unit: PgdUnit) -> PgdResult:
     """PGD on the target's own image path, then judged through its public API."""
     torch = require("torch")
     path = _path(worker, plan)
@@ -233,7 +225,7 @@ def run_pgd_unit(worker: Worker, plan: AttackPlan, unit: PgdUnit) -> PgdResult:
     )
 
 
-def run_square_unit(worker: Worker, plan: AttackPlan, unit: SquareUnit) -> SquareResult:
+def run_square_unit(worker: UnitWorker, plan: AttackPlan, unit: SquareUnit) -> SquareUnitResult:
     """Square Attack through the target's public API, booking every query on the unit's share."""
     judge = _judge(worker, plan)
     inputs = _inputs(worker, plan, unit.positions)
@@ -247,13 +239,13 @@ def run_square_unit(worker: Worker, plan: AttackPlan, unit: SquareUnit) -> Squar
     )  # fmt: skip
     success = [bool(s) for s in res.success]
     used = budget.used if unit.allotment >= 1 else 0
-    return SquareResult(
+    return SquareUnitResult(
         success, [int(q) for q in res.queries], used, budget.calls, bool(res.stopped_by_budget), dict(res.params),
         _flipped(plan, unit.positions, success, list(res.images)),
     )  # fmt: skip
 
 
-def _surrogate(worker: Worker, plan: AttackPlan) -> tuple[Any, ImagePath]:
+def _surrogate(worker: UnitWorker, plan: AttackPlan) -> tuple[Any, ImagePath]:
     """The surrogate target and its image path, loaded once per worker (the target itself when it is one)."""
 
     if plan.local_surrogate is not None:
@@ -275,7 +267,9 @@ def _surrogate(worker: Worker, plan: AttackPlan) -> tuple[Any, ImagePath]:
     return worker.memo(f"adv/{plan.key}/surrogate", make)
 
 
-def _surrogate_loss(worker: Worker, plan: AttackPlan, surrogate: Any, path: ImagePath) -> Callable[[list[int]], Any]:
+def _surrogate_loss(
+    worker: UnitWorker, plan: AttackPlan, surrogate: Any, path: ImagePath
+) -> Callable[[list[int]], Any]:
     """The surrogate's loss for a batch (positions): zero-shot margin, or a push away from the clean embedding."""
     torch = require("torch")
     data = plan.data(worker)
@@ -299,7 +293,7 @@ def _surrogate_loss(worker: Worker, plan: AttackPlan, surrogate: Any, path: Imag
     return shift
 
 
-def run_transfer_unit(worker: Worker, plan: AttackPlan, unit: TransferUnit) -> PgdResult:
+def run_transfer_unit(worker: UnitWorker, plan: AttackPlan, unit: TransferUnit) -> PgdResult:
     """PGD crafted on the surrogate, replayed on the target through its public API."""
     torch = require("torch")
     surrogate, path = _surrogate(worker, plan)
@@ -335,13 +329,13 @@ def decode_pgd(body: dict[str, Any]) -> PgdResult:
     return PgdResult([bool(c) for c in body["correct"]], [int(z) for z in body["zero"]], _from_images(body["flipped"]))
 
 
-def encode_square(r: SquareResult) -> dict[str, Any]:
+def encode_square(r: SquareUnitResult) -> dict[str, Any]:
     return {"success": r.success, "queries": r.queries, "used": r.used, "calls": r.calls, "stopped": r.stopped,
             "params": r.params, "flipped": _images(r.flipped)}  # fmt: skip
 
 
-def decode_square(body: dict[str, Any]) -> SquareResult:
-    return SquareResult(
+def decode_square(body: dict[str, Any]) -> SquareUnitResult:
+    return SquareUnitResult(
         [bool(s) for s in body["success"]], [int(q) for q in body["queries"]], int(body["used"]), int(body["calls"]),
         bool(body["stopped"]), dict(body["params"]), _from_images(body["flipped"]),
     )  # fmt: skip

@@ -6,11 +6,16 @@ and the other jobs go on. Workers are started with ``spawn`` (never ``fork``: to
 tokenizer thread pools do not survive it) and load the target by URI, like ``mmchaos validate``.
 Workers are fresh interpreters (``python -c``), not multiprocessing children, so the caller's
 ``__main__`` is never re-imported: a plain script without a ``__main__`` guard works too.
+
+One pool serves a whole run (contract, determinism and contract_fuzz share it): :func:`shared_pool`
+takes it from the run's :class:`~mmchaos.executors.resources.RunResources`, each check seeing it
+through a :class:`PoolView` (its handler, its spec fields, its model clock).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -20,96 +25,27 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import IO, Any
 
-from mmchaos.errors import MMChaosError, TargetLoadError
-from mmchaos.timing import ModelClock, clock_of
+from mmchaos.errors import TargetLoadError
+from mmchaos.executors.jobs import Handler, JobResult, WorkerSpec, describe_exception, dispatch_job
+from mmchaos.executors.resources import RunResources, shared
+from mmchaos.timing import ModelClock
 
 __all__ = [
-    "ErrorInfo",
     "InProcessRunner",
-    "JobResult",
     "PoolView",
     "WorkerPool",
-    "WorkerSpec",
-    "decode_job",
-    "describe_exception",
-    "dispatch_job",
-    "encode_job",
+    "child_entry",
     "prefetch_pool",
-    "run_pool",
-    "shared_spec",
+    "shared_pool",
     "start_pool",
-    "worker_spec",
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """How to start a worker: which target, with which limits."""
-
-    uri: str
-    options: dict[str, Any] = field(default_factory=dict)
-    threads: int | None = 1
-    """Intra-op threads per worker (torch, OpenMP, ONNX Runtime); None leaves the defaults."""
-    memory_limit_mb: int = 0
-    """Address-space limit of each worker (RLIMIT_AS); 0 means none."""
-    accepted_errors: tuple[str, ...] = ()
-    """Exception class names that count as a clean, typed rejection besides MMChaosError."""
-    context: dict[str, Any] = field(default_factory=dict)
-    """Read-only data every job may use (e.g. the contract corpus base picture)."""
-
-
-@dataclass
-class ErrorInfo:
-    type: str
-    message: str
-    typed: bool
-    code: str = ""
-    traceback: str = ""
-
-    def short(self) -> str:
-        code = f"[{self.code}]" if self.code else ""
-        return f"{self.type}{code}: {self.message}"[:300]
-
-
-@dataclass
-class JobResult:
-    """What became of one job. ``status``: ok, raised, crashed, hung, error (harness problem)."""
-
-    status: str
-    value: Any = None
-    error: ErrorInfo | None = None
-    seconds: float = 0.0
-    exitcode: int | None = None
-    detail: str = ""
-    stderr: str = ""
-    """What the worker wrote to stderr while running this job (a crash's Python-level trace)."""
-    busy_seconds: float = 0.0
-    """Time the handler ran inside the worker (the model's time, without the pipe's)."""
-
-
-def describe_exception(exc: BaseException, accepted: Sequence[str] = ()) -> ErrorInfo:
-    cls = type(exc)
-    qual = f"{cls.__module__}.{cls.__qualname__}"
-    typed = isinstance(exc, MMChaosError) or cls.__name__ in accepted or qual in accepted
-    return ErrorInfo(
-        type=cls.__name__ if cls.__module__ in ("builtins", "mmchaos.errors") else qual,
-        message=str(exc)[:2000],
-        typed=typed,
-        code=str(getattr(exc, "code", "") or ""),
-        traceback="".join(traceback.format_exception(exc))[-6000:],
-    )
-
-
-Handler = Callable[[Any, WorkerSpec, Any], Any]
-"""``handler(target, spec, payload)`` runs one job inside a worker and returns a picklable value."""
 
 
 # -- the worker side -----------------------------------------------------------------------------
@@ -262,7 +198,7 @@ class WorkerPool:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         _limit_threads_env(env, self.spec.threads)
-        code = f"from mmchaos.isolation import child_entry; child_entry({child.fileno()})"
+        code = f"from mmchaos.executors.pool import child_entry; child_entry({child.fileno()})"
         log = tempfile.TemporaryFile(prefix="mmchaos-worker-")  # noqa: SIM115 - lives as long as the worker
         proc = subprocess.Popen(
             [sys.executable, "-c", code], pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, stderr=log
@@ -449,16 +385,6 @@ class WorkerPool:
         return results
 
 
-def worker_spec(target: Any, options: Mapping[str, Any] | None = None, **fields: Any) -> WorkerSpec:
-    """How to load ``target`` again in a worker: its URI, its load options overlaid by ``options``.
-
-    ``target`` is the real target (unwrapped), since workers load it by URI; ``fields`` are the
-    other :class:`WorkerSpec` fields (threads, memory limit, accepted errors, context).
-    """
-    merged = {**dict(getattr(target, "load_options", None) or {}), **dict(options or {})}
-    return WorkerSpec(uri=str(target.uri), options=merged, **fields)
-
-
 def start_pool(spec: WorkerSpec, handler: Handler, *, workers: int, start_timeout: float) -> WorkerPool:
     """A started pool, each worker with the target loaded; or :class:`TargetLoadError`.
 
@@ -480,6 +406,8 @@ class InProcessRunner:
 
     Weaker isolation: a crash takes the run down, and a hung call leaves a thread behind.
     """
+
+    workers = 1
 
     def __init__(self, target: Any, spec: WorkerSpec, handler: Handler) -> None:
         self.target = target
@@ -519,17 +447,12 @@ class InProcessRunner:
             else:
                 yield i, JobResult("ok", value=box["value"], seconds=elapsed)
 
+    def broadcast(self, payload: Any, timeout: float) -> list[JobResult]:
+        """This process is the only one: the payload once."""
+        return [result for _, result in self.map([payload], timeout)]
+
 
 # -- one pool for the whole run ------------------------------------------------------------------
-
-
-def dispatch_job(target: Any, spec: WorkerSpec, payload: tuple[Handler, dict[str, Any], Any]) -> Any:
-    """Worker handler of a shared pool: each job names its own handler and the spec fields it needs
-    (a check's context and accepted errors), so checks with different jobs share the workers."""
-    handler, overlay, inner = payload
-    from dataclasses import replace
-
-    return handler(target, replace(spec, **overlay) if overlay else spec, inner)
 
 
 class PoolView:
@@ -539,12 +462,16 @@ class PoolView:
     """
 
     def __init__(
-        self, pool: WorkerPool, handler: Handler, overlay: Mapping[str, Any] | None = None, clock: Any = None
+        self,
+        pool: WorkerPool,
+        handler: Handler,
+        overlay: Mapping[str, Any] | None = None,
+        clock: ModelClock | None = None,
     ) -> None:
         self.pool = pool
         self.handler = handler
         self.overlay = dict(overlay or {})
-        self.clock = clock_of(clock) if clock is not None and not isinstance(clock, ModelClock) else clock
+        self.clock = clock
         self._replacements_at_start = pool.replacements
         self.load_seconds = pool.load_seconds
 
@@ -577,130 +504,34 @@ class PoolView:
         """The run closes a shared pool, not a check (a no-op kept so callers need not care)."""
 
 
-def shared_spec(
-    target: Any, options: Mapping[str, Any] | None = None, *, threads: int | None = 1, memory_limit_mb: int = 0
-) -> WorkerSpec:
-    """The spec of the run's shared pool: one thread per worker (two workers on a small machine must
-    not oversubscribe it), the memory limit on CPU only (accelerator runtimes reserve huge ranges)."""
-    merged = {**dict(getattr(target, "load_options", None) or {}), **dict(options or {})}
-    on_cpu = str(merged.get("device", "cpu")).startswith("cpu")
-    limit = memory_limit_mb if on_cpu else 0
-    return WorkerSpec(uri=str(target.uri), options=merged, threads=threads, memory_limit_mb=limit)
-
-
 def _pool_key(spec: WorkerSpec, workers: int) -> tuple[Any, ...]:
-    import json
-
     return ("worker_pool", spec.uri, json.dumps(spec.options, sort_keys=True, default=str), spec.threads,
             spec.memory_limit_mb, workers)  # fmt: skip
 
 
-def prefetch_pool(ctx: Any, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
-    """Start the run's shared pool in the background (a check's ``prepare``); no-op without run resources."""
-    resources = getattr(ctx, "resources", None)
-    if resources is None:
-        return
-    resources.prefetch(
-        _pool_key(spec, workers),
-        lambda: start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout),
-        WorkerPool.close,
-    )
+def _start_shared(spec: WorkerSpec, workers: int, start_timeout: float) -> WorkerPool:
+    return start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)
+
+
+def prefetch_pool(resources: RunResources, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
+    """Start the run's shared pool for ``spec`` in the background (a check's ``prepare``)."""
+    resources.prefetch(_pool_key(spec, workers), lambda: _start_shared(spec, workers, start_timeout), WorkerPool.close)
 
 
 @contextlib.contextmanager
-def run_pool(
-    ctx: Any,
+def shared_pool(
+    resources: RunResources | None,
     spec: WorkerSpec,
     handler: Handler,
     *,
     workers: int,
     start_timeout: float,
     overlay: Mapping[str, Any] | None = None,
+    clock: ModelClock | None = None,
 ) -> Iterator[PoolView]:
     """The run's worker pool for ``spec`` as a :class:`PoolView` running ``handler`` jobs: started once
-    per run and shared by every check that asks for the same spec (started and closed here when
-    ``ctx`` has no run resources). Raises :class:`TargetLoadError` like :func:`start_pool`."""
-    from mmchaos.resources import shared
-
-    clock = clock_of(getattr(ctx, "target", None))
-    factory = lambda: start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)  # noqa: E731
-    with shared(ctx, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
+    per run and shared by every check that asks for the same spec and size (started and closed here
+    when there are no run ``resources``). Raises :class:`TargetLoadError` like :func:`start_pool`."""
+    factory = lambda: _start_shared(spec, workers, start_timeout)  # noqa: E731
+    with shared(resources, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
         yield PoolView(pool, handler, overlay, clock)
-
-
-# -- a job result as JSON values (the run store's units) -----------------------------------------
-
-_ARRAY = "__ndarray__"
-_ERROR = "__error__"
-
-
-def encode_job(job: JobResult) -> dict[str, Any]:
-    """``job`` as JSON values, losslessly: arrays keep their dtype and shape, errors their fields.
-
-    What a check classifies is what comes back from :func:`decode_job`, whether the job ran now or
-    was read back from the run store, so a resumed run and an uninterrupted one judge the same values.
-    """
-    return {
-        "status": job.status,
-        "value": _encode_value(job.value),
-        "error": _encode_value(job.error),
-        "seconds": job.seconds,
-        "exitcode": job.exitcode,
-        "detail": job.detail,
-        "stderr": job.stderr,
-        "busy_seconds": job.busy_seconds,
-    }
-
-
-def decode_job(data: Mapping[str, Any]) -> JobResult:
-    """The :class:`JobResult` that :func:`encode_job` encoded."""
-    return JobResult(
-        status=str(data["status"]),
-        value=_decode_value(data["value"]),
-        error=_decode_value(data["error"]),
-        seconds=float(data["seconds"]),
-        exitcode=data["exitcode"],
-        detail=str(data["detail"]),
-        stderr=str(data["stderr"]),
-        busy_seconds=float(data["busy_seconds"]),
-    )
-
-
-def _encode_value(value: Any) -> Any:
-    import numpy as np
-
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, ErrorInfo):
-        return {_ERROR: [value.type, value.message, value.typed, value.code, value.traceback]}
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "biufcU":
-            data = value.tolist() if value.dtype.kind != "c" else [[z.real, z.imag] for z in value.reshape(-1).tolist()]
-            return {_ARRAY: [str(value.dtype), list(value.shape), data]}
-        return repr(value)[:500]  # an answer that is not even numbers: garbage, judged by its repr
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Mapping):
-        return {str(k): _encode_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encode_value(v) for v in value]
-    return repr(value)[:500]
-
-
-def _decode_value(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, list):
-        return [_decode_value(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if _ERROR in value and len(value) == 1:
-        kind, message, typed, code, tb = value[_ERROR]
-        return ErrorInfo(type=kind, message=message, typed=typed, code=code, traceback=tb)
-    if _ARRAY in value and len(value) == 1:
-        dtype, shape, data = value[_ARRAY]
-        if np.dtype(dtype).kind == "c":
-            flat = np.array([complex(re, im) for re, im in data], dtype=dtype)
-            return flat.reshape(shape)
-        return np.array(data, dtype=dtype).reshape(shape)
-    return {k: _decode_value(v) for k, v in value.items()}

@@ -1,0 +1,199 @@
+"""Chat completions of a generative target, not streamed: OpenAI's request in, OpenAI's answer out.
+
+The request's images go through the same guards as every other input (declared pixels before
+admission, Preflight in the worker), the model call through the model lock and the breaker.
+What a streamed answer shares with this one (the request's sampling fields, its turns, the usage
+counts) is here too; :mod:`.chat_stream` streams.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from mmchaos.errors import TargetCallError
+from mmchaos.guard.preflight import estimate_tokens
+from mmchaos.server.core import GuardedServer
+from mmchaos.server.errors import BadModelOutput, ServerError
+from mmchaos.server.inputs import Turn, chat_turns
+from mmchaos.server.metrics import GenerationMetrics
+from mmchaos.server.model import as_is
+from mmchaos.server.protocol import ChatCompletionRequest
+from mmchaos.server.respond import disconnected, guarded, json_response
+from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
+
+__all__ = [
+    "GenerativeRequest",
+    "chat_messages",
+    "generate_chat",
+    "generate_job",
+    "generation_metrics",
+    "generation_params",
+    "generative_request",
+    "prompt_tokens",
+]
+
+#: vLLM's stand-in for a logprob of -inf (JSON has no infinity).
+_NEG_INF_LOGPROB = -9999.0
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerativeRequest:
+    """A chat request checked before admission: its fields, turns (nothing decoded) and pixels."""
+
+    body: ChatCompletionRequest
+    params: GenerationParams
+    turns: list[Turn]
+    pixels: int
+    arrived: float  # perf_counter at arrival
+
+
+def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> GenerationParams:
+    """The request's sampling fields as GenerationParams; 400 with the field named when one is bad."""
+    cfg = server.config
+    limit = body.max_completion_tokens or body.max_tokens or cfg.default_max_tokens
+    if limit > cfg.max_tokens_limit:
+        field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        raise ServerError(
+            f"{field} is {limit}; this server generates at most {cfg.max_tokens_limit}",
+            code="max_tokens_too_large", param=field,
+        )  # fmt: skip
+    if body.stream and body.n != 1:
+        raise ServerError("a stream carries one completion: use n=1 with stream", code="n_unsupported", param="n")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    try:
+        return GenerationParams(
+            max_new_tokens=limit,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            seed=body.seed,
+            stop=stop,
+            n=body.n,
+            logprobs=body.logprobs,
+        )
+    except TargetCallError as err:  # the request's sampling fields, refused by their own check
+        raise ServerError(err.message, code=err.code, origin="request") from None
+
+
+def generative_request(server: GuardedServer, body: ChatCompletionRequest) -> GenerativeRequest:
+    """Everything checked before admission: sampling fields, roles, content parts, declared pixels."""
+    arrived = time.perf_counter()
+    params = generation_params(body, server)
+    turns = chat_turns(body.messages, server.config.max_items)
+    pixels = server.declared_pixels([i for t in turns for i in t.items], param="messages")
+    return GenerativeRequest(body, params, turns, pixels, arrived)
+
+
+def generation_metrics(server: GuardedServer) -> GenerationMetrics:
+    if server.generation is None:  # only a target without GENERATE has none, and it never gets here
+        raise ServerError(f"{server.model_name} does not generate", code="capability_missing")
+    return server.generation
+
+
+def chat_messages(server: GuardedServer, turns: Sequence[Turn], cancel: threading.Event) -> list[Message]:
+    """The turns' inputs checked and decoded (Preflight), as the target's messages."""
+    flat = [item for turn in turns for item in turn.items]
+    values = iter(server.model.decode(flat, cancel))
+    messages = []
+    for turn in turns:
+        parts = tuple(next(values) for _ in turn.items)
+        role = _ROLES[turn.role]
+        content: str | tuple[Any, ...] = (parts[0] if parts else "") if turn.plain else parts
+        messages.append(Message(role, content))  # type: ignore[arg-type]
+    return messages
+
+
+def _check_generation(out: Any, n: int) -> GenerationResult:
+    if not isinstance(out, GenerationResult) or len(out.completions) < n:
+        got = len(out.completions) if isinstance(out, GenerationResult) else type(out).__name__
+        raise BadModelOutput(f"the model returned {got} completions for n={n}", code="bad_model_output")
+    for c in out.completions[:n]:
+        if not isinstance(c.text, str):
+            raise BadModelOutput(f"the model returned {type(c.text).__name__} as text", code="bad_model_output")
+        if c.logprobs is not None and any(math.isnan(x) or x == math.inf for x in c.logprobs):
+            raise BadModelOutput("the model returned NaN or +inf token logprobs", code="non_finite_output")
+    return out
+
+
+def generate_job(
+    server: GuardedServer, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
+) -> tuple[GenerationResult, list[list[str]] | None]:
+    """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
+    model lock, as ``token_id:N`` with ``token_ids``)."""
+    messages = chat_messages(server, turns, cancel)
+
+    def call(m: list[Message]) -> tuple[GenerationResult, list[list[str]] | None]:
+        result = _check_generation(server.target.generate(m, (), params), params.n)
+        if not params.logprobs:
+            return result, None
+        texts = [server.model.token_texts(c.token_ids or (), token_ids) for c in result.completions[: params.n]]
+        return result, texts
+
+    answer: tuple[GenerationResult, list[list[str]] | None] = server.model.call("chat", call, messages, as_is, cancel)
+    return answer
+
+
+def _logprobs(completion: Any, tokens: Sequence[str]) -> dict[str, Any] | None:
+    if completion.logprobs is None:
+        return None
+    names = list(tokens) if len(tokens) == len(completion.logprobs) else [""] * len(completion.logprobs)
+    entries = []
+    for token, lp in zip(names, completion.logprobs, strict=True):
+        value = float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
+        entries.append({"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []})
+    return {"content": entries}
+
+
+def prompt_tokens(result: GenerationResult | None, turns: Sequence[Turn]) -> int:
+    """The target's own count where it gives one, else an estimate (texts' tokens, one per image)."""
+    if result is not None and isinstance(result.prompt_tokens, int):
+        return result.prompt_tokens
+    return sum(estimate_tokens(i.value) if i.modality == "text" else 1 for t in turns for i in t.items)
+
+
+def _completion_tokens(completions: Sequence[Any]) -> int:
+    if all(c.token_ids is not None for c in completions):
+        return sum(len(c.token_ids) for c in completions)
+    return sum(estimate_tokens(c.text) if c.text else 0 for c in completions)
+
+
+async def generate_chat(server: GuardedServer, chat: GenerativeRequest, request: Request) -> Response:
+    """``/v1/chat/completions`` for a target with the ``generate`` capability, not streamed."""
+    params, turns = chat.params, chat.turns
+    job = partial(generate_job, server, turns, params, chat.body.return_tokens_as_token_ids)
+    result, tokens = await guarded(lambda: server.work.run(job, pixels=chat.pixels, gone=disconnected(request)))
+    completions = result.completions[: params.n]
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": _logprobs(c, tokens[i]) if tokens is not None else None,
+            "finish_reason": c.finish_reason,
+        }
+        for i, c in enumerate(completions)
+    ]
+    prompt = prompt_tokens(result, turns)
+    completion = _completion_tokens(completions)
+    metrics = generation_metrics(server)
+    for c in completions:
+        metrics.success.labels(server.model_name, c.finish_reason).inc()
+    metrics.finished_tokens(prompt, completion, time.perf_counter() - chat.arrived)
+    return json_response(
+        {
+            "id": f"chatcmpl-{request.state.request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": server.model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
+    )
