@@ -62,7 +62,21 @@ def load_processor(path: Path, trust_remote_code: bool = False) -> Any:
             pass  # not a processor with a video part: the first error is the one to tell
         except Exception as exc:  # the family's processor refuses to build (a missing package, ...)
             second = f"; built without its video part: {type(exc).__name__}: {_one_line(exc)}"
+    if not second and "torchvision" in str(first).lower() and importlib.util.find_spec("torchvision") is None:
+        raise TargetLoadError(
+            f"cannot load the processor of {path}: its image processor needs torchvision, which is not installed "
+            f"(transformers has no PIL version of it); install the torchvision build that matches torch "
+            f"{_torch_version()} to test this family",
+            code="missing_dependency",
+        ) from None
     raise TargetLoadError(f"cannot load the processor of {path}: {_one_line(first)}{second}") from None
+
+
+def _torch_version() -> str:
+    try:
+        return str(require("torch").__version__)
+    except Exception:  # torch is there whenever a processor is loaded; the message must not fail
+        return "(not installed)"
 
 
 def saved_template(path: Path) -> str | None:

@@ -13,8 +13,10 @@ parsed here, so the table cannot drift from what loads.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,6 +32,8 @@ from mmchaos.targets import load_target
 from mmchaos.targets.generation import GenerationParams
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from mmchaos.targets.tiny_vlms import FAMILIES
+from tests.fakes import broken_models as bm
+from tests.fakes import broken_targets as bt
 from tests.paths import DOCS
 from tests.support import run_check_class
 
@@ -48,16 +52,30 @@ CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+#: Contrastive families: the builders of the fakes (tiny random models from config), as ``hf:`` loads them.
+CONTRASTIVE: dict[str, Callable[[Path], Path]] = {
+    "clip": lambda out: bt.build_tiny_clip(out),
+    "siglip2": lambda out: bm.build_siglip2(out),
+    "altclip": lambda out: bm.build_altclip(out),
+    "blip_retrieval": lambda out: bm.build_blip_retrieval(out),
+}
+SHAPES = load_dataset("builtin:shapes?n=8&seed=0")
+CONTRASTIVE_CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("semantic_margin", {"samples": 4}),
+    ("adversarial_whitebox", {"samples": 2, "eps": [8], "steps": 1, "masking_queries": 4}),
+)
+
+
 class Row(NamedTuple):
     architecture: str
     processor: str
     quirk: str
 
 
-def doc_table() -> dict[str, Row]:
-    """The rows of docs/vlm.md's supported-families table (between its two marker comments)."""
+def doc_table(name: str = "families") -> dict[str, Row]:
+    """The rows of one of docs/vlm.md's families tables (between its two marker comments)."""
     text = DOC.read_text(encoding="utf-8")
-    body = text.split("<!-- families:start -->", 1)[1].split("<!-- families:end -->", 1)[0]
+    body = text.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
     rows: dict[str, Row] = {}
     for line in body.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -67,10 +85,12 @@ def doc_table() -> dict[str, Row]:
     return rows
 
 
-def test_the_docs_table_lists_exactly_the_families_built() -> None:
+def test_the_docs_tables_list_exactly_the_families_built() -> None:
     table = doc_table()
     assert sorted(table) == sorted(FAMILIES), "docs/vlm.md's families table and tiny_vlms.FAMILIES differ"
-    assert all(row.quirk for row in table.values())
+    contrastive = doc_table("contrastive")
+    assert sorted(contrastive) == sorted(CONTRASTIVE), "docs/vlm.md's contrastive table and CONTRASTIVE differ"
+    assert all(row.quirk for row in [*table.values(), *contrastive.values()])
 
 
 def _png_url(image: np.ndarray) -> str:
@@ -142,3 +162,51 @@ def test_gemma3_counts_the_soft_tokens_each_image_becomes_not_its_marker(tiny_vl
         assert (one.extra["image_tokens"], two.extra["image_tokens"]) == (per_image, 2 * per_image)
     finally:
         target.close()
+
+
+@pytest.mark.parametrize("family", sorted(CONTRASTIVE))
+def test_contrastive_family_loads_checks_and_serves(family: str, tmp_path: Path) -> None:
+    from mmchaos.server import ServerConfig, ServerThread
+    from mmchaos.targets.hf import HFContrastiveTarget
+
+    row = doc_table("contrastive")[family]
+    target = load_target(f"hf:{CONTRASTIVE[family](tmp_path / family)}")
+    try:
+        assert isinstance(target, HFContrastiveTarget)
+        assert (target.load_report["loaded_as"], type(target.image_processor).__name__) == (
+            row.architecture,
+            row.processor,
+        )
+        findings: list[Finding] = []
+        for name, params in CONTRASTIVE_CHECKS:
+            findings += run_check_class(REGISTRY.get(name), target, params, data=SHAPES)
+        _no_harness_errors(findings)
+        body = {"model": "tiny", "input": ["a red circle", {"type": "image_url", "image_url": {"url": _png_url(IMG)}}]}
+        with ServerThread(target, ServerConfig(model_name="tiny")) as srv:
+            resp = httpx.post(f"{srv.url}/v1/embeddings", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        got = np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got[0], target.embed_texts(["a red circle"])[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1], target.embed_images([IMG])[0], rtol=1e-4, atol=1e-5)
+    finally:
+        target.close()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed: transformers builds it"
+)
+def test_a_family_whose_image_processor_needs_torchvision_is_refused_in_one_line(tmp_path: Path) -> None:
+    """LFM2-VL's image processor exists only in transformers' torchvision backend (Mistral 3's
+    Pixtral too where its PIL version is missing): without torchvision, one line saying so."""
+    from mmchaos.errors import TargetLoadError
+    from mmchaos.targets.tiny_vlms import byte_tokenizer
+    from mmchaos.targets.vlm_processor import load_processor
+
+    byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>").save_pretrained(tmp_path)
+    saved = {"image_processor_type": "Lfm2VlImageProcessor", "processor_class": "Lfm2VlProcessor"}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor"}))
+    with pytest.raises(TargetLoadError) as err:
+        load_processor(tmp_path)
+    assert err.value.code == "missing_dependency" and "needs torchvision" in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
