@@ -260,7 +260,7 @@ def _paligemma(out: Path) -> None:
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
     image_processor = SiglipImageProcessorPil(size={"height": 28, "width": 28})
-    image_processor.image_seq_length = 4
+    image_processor.image_seq_length = 4  # type: ignore[attr-defined]  # PaliGemma's processor reads it
     template = chat_template({"system": "", "user": "", "assistant": ""}, "<image>", "\n", "")
     processor = t.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tok, chat_template=template)
     ids = tok.convert_tokens_to_ids

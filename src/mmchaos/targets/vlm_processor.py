@@ -123,7 +123,7 @@ def _processor_without_video(path: Path, transformers: Any, kwargs: dict[str, An
     )
 
 
-def processor_init_keys(base: type, path: Path) -> dict[str, Any]:
+def processor_init_keys(base: Any, path: Path) -> dict[str, Any]:
     """Every key of ``path``'s ``processor_config.json`` that ``base``'s constructor names (its
     image-token count, feature strategy, image token...), as ``from_pretrained`` would pass them.
 
@@ -153,10 +153,10 @@ class _NoVideoProcessor:
         raise ValueError("videos need torchvision, which is not installed (this processor was built for images only)")
 
 
-def images_only(base: type) -> type:
+def images_only(base: Any) -> Any:
     """``base`` (a processor class with a video part) as built with ``video_processor=None``."""
 
-    class ImagesOnly(base):  # type: ignore[misc, valid-type]
+    class ImagesOnly(base):  # type: ignore[misc]
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
             if argument_name == "video_processor" and argument is None:
                 return None
@@ -170,7 +170,7 @@ def images_only(base: type) -> type:
         def video_processor(self, value: Any) -> None:
             self.__dict__["video_processor"] = value
 
-    ImagesOnly.images_only_of = base.__name__  # type: ignore[attr-defined]
+    ImagesOnly.images_only_of = base.__name__
     return ImagesOnly
 
 
