@@ -63,8 +63,9 @@ def renormalised_clip(dst: Path, mean: Sequence[float], std: Sequence[float]) ->
     from mmchaos.targets.builtin import TINY_CLIP_DIR
 
     shutil.copytree(TINY_CLIP_DIR, dst, dirs_exist_ok=True)
-    cfg_path = dst / "preprocessor_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(image_mean=list(mean), image_std=list(std))
-    cfg_path.write_text(json.dumps(cfg))
+    for name in ("preprocessor_config.json", "processor_config.json"):  # transformers reads either
+        path = dst / name
+        cfg = json.loads(path.read_text())
+        (cfg.get("image_processor") or cfg).update(image_mean=list(mean), image_std=list(std))
+        path.write_text(json.dumps(cfg))
     return dst
