@@ -55,7 +55,8 @@ class GenerationParams:
     """Sampling parameters with OpenAI/vLLM meanings; ``temperature == 0`` is greedy decoding.
 
     ``seed`` makes sampling reproducible; ``stop`` strings end a completion (they are not part of
-    its text); ``n`` completions are returned; ``logprobs`` asks for per-token log-probabilities.
+    its text); ``n`` completions are returned; ``logprobs`` asks for per-token log-probabilities;
+    ``user`` is OpenAI's end-user id (sent to HTTP servers, meaningless to a model).
     """
 
     max_new_tokens: int = 32
@@ -67,6 +68,7 @@ class GenerationParams:
     logprobs: bool = True
     top_logprobs: int = 0
     """How many of the most likely tokens to give at each step (0: none), where the backend can."""
+    user: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
