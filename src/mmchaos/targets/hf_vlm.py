@@ -421,10 +421,17 @@ class HFVisionLanguageTarget(Target):
         new = out.sequences[:, prompt_len:].to("cpu")
         steps = len(out.logits)
         logprobs = None
+        tops: list[list[dict[int, float]]] | None = None
         if params.logprobs and steps:
             stacked = torch.stack([s.float() for s in out.logits], dim=1).to("cpu")  # (rows, steps, vocab)
             picked = stacked.log_softmax(-1).gather(-1, new[:, :steps, None].long())[..., 0]
             logprobs = picked.tolist()
+            if params.top_logprobs:
+                values, ids_k = stacked.log_softmax(-1).topk(params.top_logprobs, dim=-1)
+                tops = [
+                    [dict(zip(i_row, v_row, strict=True)) for i_row, v_row in zip(ir, vr, strict=True)]
+                    for ir, vr in zip(ids_k.tolist(), values.tolist(), strict=True)
+                ]
         eos = self._eos_ids()
         rows = []
         for r in range(new.shape[0]):
@@ -444,7 +451,10 @@ class HFVisionLanguageTarget(Target):
                     end = self._tokens_until_stop(ids, params.stop)
                     ids = ids[:end]
             lp = None if logprobs is None else tuple(float(x) for x in logprobs[r][: len(ids)])
-            rows.append(Completion(text=text, finish_reason=finish, token_ids=tuple(ids), logprobs=lp))
+            top = None if tops is None else tuple(tops[r][: len(ids)])
+            rows.append(
+                Completion(text=text, finish_reason=finish, token_ids=tuple(ids), logprobs=lp, top_logprobs=top)
+            )
         return rows
 
     def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
