@@ -95,7 +95,9 @@ class FakeConfig:
     refuse_logprobs: bool = False
     """Answer 400 to ``logprobs: true`` (servers without logprob support)."""
     stream_fault: str = ""
-    """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
+    """"truncate": cut the SSE stream after its second delta (no finish_reason, no ``[DONE]``);
+    "no_done": end it after the finish_reason chunk without ``[DONE]`` (transformers serve's shape, a
+    complete stream); "error": send an error event midway."""
     flavour: str = "openai"
     dies_on_side: int = 0
     """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
@@ -252,13 +254,15 @@ class _Handler(BaseHTTPRequestHandler):
         events = [{"delta": {"role": "assistant"}}] + [{"delta": {"content": p}} for p in pieces]
         events.append({"delta": {}, "finish_reason": choice["finish_reason"]})
         fault = self.server.config.stream_fault
+        if fault == "truncate":
+            events = events[:3]
         for i, event in enumerate(events):
             chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
                                      "choices": [{"index": 0, **event}]}  # fmt: skip
             if fault == "error" and i == 2:
                 chunk = {"error": {"message": "engine died", "code": 500}}
             self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
-        if fault != "truncate":
+        if fault not in ("truncate", "no_done"):
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
