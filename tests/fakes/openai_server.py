@@ -102,6 +102,8 @@ class FakeConfig:
     dies_on_side: int = 0
     """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
     dead: bool = False
+    fail_at: set[int] = field(default_factory=set)
+    """POSTs (by their position in ``requests``) answered 500 once, as an upstream hop's failure."""
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -150,6 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise TypeError("the body is not a JSON object")
             self.server.config.requests.append({"path": self.path, "body": body})
+            if len(self.server.config.requests) - 1 in self.server.config.fail_at:
+                return self._error(500, "upstream: litellm.APIConnectionError")
             if self.path == "/v1/embeddings":
                 self._embeddings(body)
             elif self.path == "/v1/chat/completions" and self.server.config.chat:
