@@ -102,6 +102,9 @@ class FakeConfig:
     dies_on_side: int = 0
     """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
     dead: bool = False
+    chat_bad_image: str = ""
+    """A chat image it cannot decode: "" a typed 400 (correct); broken: "empty" answers 200 with
+    empty content, "crash" a 500 (the engine fell over)."""
     fail_at: set[int] = field(default_factory=set)
     """POSTs (by their position in ``requests``) answered 500 once, as an upstream hop's failure."""
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -213,7 +216,16 @@ class _Handler(BaseHTTPRequestHandler):
                     image_url = part["image_url"]
                     if isinstance(image_url, str) and flavour != "litellm":
                         raise TypeError("image_url must be an object with a url")
-                    colours.append(colour_of(image_url if isinstance(image_url, str) else image_url["url"]))
+                    try:
+                        colours.append(colour_of(image_url if isinstance(image_url, str) else image_url["url"]))
+                    except ValueError:
+                        if self.server.config.chat_bad_image == "empty":
+                            return self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+                                {"index": 0, "message": {"role": "assistant", "content": ""},
+                                 "finish_reason": "stop"}]})  # fmt: skip
+                        if self.server.config.chat_bad_image == "crash":
+                            return self._error(500, "CUDA error: an illegal memory access was encountered")
+                        raise
                 elif part["type"] == "text":
                     last_text = part["text"]
         words = colours + last_text.split()
