@@ -72,3 +72,32 @@ def test_the_reference_vlm_in_process_gets_the_corpus_and_rejects_the_int32_page
     assert not failures, [(f.title, f.message) for f in failures]
     assert summary.metrics["int32_cases_rejected"] == summary.metrics["int32_cases"] >= 2
     assert summary.metrics["n_handled"] >= 2  # the valid ones were answered, not all refused
+
+
+def fuzz_over_chat(bad_image: str) -> list[Finding]:
+    from mmchaos.checks.contract.fuzz import ContractFuzz, ContractFuzzParams
+
+    config = FakeConfig(image_forms=(), chat_bad_image=bad_image)
+    with fake_openai_server(config) as url:
+        target = load_target(f"openai:{url}")
+        try:
+            ctx = CheckContext(target=target, dataset=DATA, seed=0, check_id="contract_fuzz")
+            params = ContractFuzzParams(isolation="inprocess", max_cases=80, max_seconds=30.0, openapi=False,
+                                        minimise_tests=20)  # fmt: skip
+            return list(ContractFuzz(params).run(ctx))
+        finally:
+            target.close()
+
+
+@pytest.mark.check_contract("contract_fuzz", "broken")
+def test_the_fuzzer_finds_a_chat_endpoint_answering_broken_images_with_empty_content() -> None:
+    found = fuzz_over_chat("empty")
+    sigs = {f.evidence.get("signature", "") for f in found if f.verdict == Verdict.FAIL}
+    assert "image_bytes:garbage:empty_answer" in sigs, [(f.title, f.message) for f in found]
+
+
+@pytest.mark.check_contract("contract_fuzz", "clean")
+def test_the_fuzzer_passes_a_chat_endpoint_that_refuses_broken_images() -> None:
+    found = fuzz_over_chat("")
+    assert not [f for f in found if f.verdict == Verdict.FAIL], [(f.title, f.message) for f in found]
+    assert any(f.verdict == Verdict.PASS for f in found)
