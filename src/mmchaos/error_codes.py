@@ -115,7 +115,7 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("processor_refused", 422, "the model's processor refused the request (e.g. image placeholders)"),
         ("processor_unfit", 500, "the processor shipped with the model does not fit it, so the call was not run"),
         ("stream_error", 502, "an endpoint sent an error event inside a stream"),
-        ("stream_truncated", 502, "an endpoint's stream ended without [DONE]"),
+        ("stream_truncated", 502, "an endpoint's stream ended before its finish_reason or [DONE]"),
         ("target_bad_input", 422, "PP-OCR cannot preprocess this image (empty, or its pipeline refused it)"),
         ("target_bad_threads", 400, "a thread count that is not a positive integer"),
         ("target_config_invalid", 400, "a --target-config file is unreadable, not YAML or not a mapping"),

@@ -95,11 +95,18 @@ class FakeConfig:
     refuse_logprobs: bool = False
     """Answer 400 to ``logprobs: true`` (servers without logprob support)."""
     stream_fault: str = ""
-    """"truncate": end the SSE stream without ``[DONE]``; "error": send an error event midway."""
+    """"truncate": cut the SSE stream after its second delta (no finish_reason, no ``[DONE]``);
+    "no_done": end it after the finish_reason chunk without ``[DONE]`` (transformers serve's shape, a
+    complete stream); "error": send an error event midway."""
     flavour: str = "openai"
     dies_on_side: int = 0
     """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
     dead: bool = False
+    chat_bad_image: str = ""
+    """A chat image it cannot decode: "" a typed 400 (correct); broken: "empty" answers 200 with
+    empty content, "crash" a 500 (the engine fell over)."""
+    fail_at: set[int] = field(default_factory=set)
+    """POSTs (by their position in ``requests``) answered 500 once, as an upstream hop's failure."""
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -148,6 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise TypeError("the body is not a JSON object")
             self.server.config.requests.append({"path": self.path, "body": body})
+            if len(self.server.config.requests) - 1 in self.server.config.fail_at:
+                return self._error(500, "upstream: litellm.APIConnectionError")
             if self.path == "/v1/embeddings":
                 self._embeddings(body)
             elif self.path == "/v1/chat/completions" and self.server.config.chat:
@@ -207,7 +216,16 @@ class _Handler(BaseHTTPRequestHandler):
                     image_url = part["image_url"]
                     if isinstance(image_url, str) and flavour != "litellm":
                         raise TypeError("image_url must be an object with a url")
-                    colours.append(colour_of(image_url if isinstance(image_url, str) else image_url["url"]))
+                    try:
+                        colours.append(colour_of(image_url if isinstance(image_url, str) else image_url["url"]))
+                    except ValueError:
+                        if self.server.config.chat_bad_image == "empty":
+                            return self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+                                {"index": 0, "message": {"role": "assistant", "content": ""},
+                                 "finish_reason": "stop"}]})  # fmt: skip
+                        if self.server.config.chat_bad_image == "crash":
+                            return self._error(500, "CUDA error: an illegal memory access was encountered")
+                        raise
                 elif part["type"] == "text":
                     last_text = part["text"]
         words = colours + last_text.split()
@@ -252,13 +270,15 @@ class _Handler(BaseHTTPRequestHandler):
         events = [{"delta": {"role": "assistant"}}] + [{"delta": {"content": p}} for p in pieces]
         events.append({"delta": {}, "finish_reason": choice["finish_reason"]})
         fault = self.server.config.stream_fault
+        if fault == "truncate":
+            events = events[:3]
         for i, event in enumerate(events):
             chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
                                      "choices": [{"index": 0, **event}]}  # fmt: skip
             if fault == "error" and i == 2:
                 chunk = {"error": {"message": "engine died", "code": 500}}
             self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
-        if fault != "truncate":
+        if fault not in ("truncate", "no_done"):
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True

@@ -182,3 +182,24 @@ class OnePixelColourTarget(ShapeColourTarget):
 
     def _colour(self, x: np.ndarray, mask: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
         return x[int(ys.mean()), int(xs.mean())]
+
+
+class FlakyEndpointTarget(ShapeColourTarget):
+    """The shape-colour target behind a flaky proxy hop: its image-embedding calls listed in
+    ``fail_calls`` (0-based, counted over the target's life) raise the ``EndpointError`` an
+    upstream 500 becomes in the ``openai:`` target; ``fail_from``: every call from then on does
+    (an endpoint that keeps failing)."""
+
+    def __init__(self, fail_calls: Sequence[int] = (), fail_from: int | None = None) -> None:
+        super().__init__()
+        self.fail_calls = set(fail_calls)
+        self.fail_from = fail_from
+        self.calls = 0
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        from mmchaos.targets.openai_wire import EndpointError
+
+        call, self.calls = self.calls, self.calls + 1
+        if call in self.fail_calls or (self.fail_from is not None and call >= self.fail_from):
+            raise EndpointError("POST /embeddings: HTTP 500: upstream error", code="http_500", status=500)
+        return super().embed_images(images)

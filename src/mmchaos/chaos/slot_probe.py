@@ -35,6 +35,9 @@ METHOD = "black-box probe"
 
 #: A content delta with text in it (the role chunk's ``"content": ""`` does not count).
 _FIRST_CONTENT = re.compile(rb'"content"\s*:\s*"[^"]')
+#: A finish_reason with a value (the role chunk's ``"finish_reason": null`` does not count): a stream
+#: that ends without ``[DONE]`` (transformers serve's) has ended there.
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
 class Endpoint(Protocol):
@@ -92,7 +95,7 @@ def open_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> Opened:
             if not chunk:
                 break
             seen += chunk
-            if b"data: [DONE]" in seen:
+            if b"data: [DONE]" in seen or _FINISHED.search(seen):
                 opened.close()
                 return Opened("ended", "the stream finished before the client left", seen=seen,
                               ttft_s=time.perf_counter() - start)  # fmt: skip

@@ -50,7 +50,13 @@ def print_summary(console: Console, results: dict[str, Any], out_dir: Path) -> N
             console.print(f"[{style}]{f['verdict'].upper()}[/] {f['check']}: {f['title']}", highlight=False)
     s = results["summary"]
     verdicts = ", ".join(f"{n} {v}" for v, n in s["verdicts"].items() if n)
-    banner = "[bold green]ALL GATES PASS[/]" if s["exit_code"] == 0 else "[bold red]GATES FAILED[/]"
+    untested = ", ".join(f"{u['step']} {u['name']}" for u in s.get("untested_steps") or [])
+    if s["exit_code"] != 0:
+        banner = "[bold red]GATES FAILED[/]" + (f" [yellow](untested steps: {untested})[/]" if untested else "")
+    elif untested:  # never "all gates pass" over steps no check ran on
+        banner = f"[bold yellow]GATES PASS, BUT UNTESTED STEPS: {untested}[/]"
+    else:
+        banner = "[bold green]ALL GATES PASS[/]"
     console.print(
         f"{banner}  {verdicts}  run {results['run_id']}  ({s['wall_seconds']:.1f}s, model {s['model_seconds']:.1f}s)",
         highlight=False,

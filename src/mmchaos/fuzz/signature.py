@@ -67,6 +67,13 @@ def _signal(detail: str) -> str:
 def _garbage(summary: dict[str, object], method: str) -> tuple[str, str] | None:
     """(reason key, detail) when an answer is garbage, else None."""
     kind = summary.get("type")
+    if method.startswith("generate"):
+        if kind != "texts" or summary.get("n") != 1:
+            return "bad_answer", f"expected one answer, got {summary}"[:200]
+        lengths = summary.get("lengths")
+        if isinstance(lengths, list) and lengths and lengths[0] == 0:
+            return "empty_answer", "an empty answer about an image (200 with empty content) instead of a typed refusal"
+        return None
     if method.startswith("read"):
         if kind != "texts" or summary.get("n") != 1:
             return "bad_text_answer", f"expected one transcription, got {summary}"[:200]

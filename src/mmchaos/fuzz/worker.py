@@ -20,13 +20,27 @@ import numpy as np
 
 from mmchaos.executors.jobs import WorkerSpec, describe_exception
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import GenerationParams
 
 __all__ = ["ROUTES", "fuzz_job", "method_for", "normalise_message", "probe_features", "summarise_output"]
 
 ROUTES: dict[str, tuple[tuple[Capability, str], ...]] = {
-    "image_bytes": ((Capability.EMBED_IMAGE, "embed_encoded_images"), (Capability.READ_TEXT, "read_encoded_images")),
+    "image_bytes": (
+        (Capability.EMBED_IMAGE, "embed_encoded_images"),
+        (Capability.READ_TEXT, "read_encoded_images"),
+        (Capability.GENERATE, "generate_encoded_images"),
+    ),
     "text_bytes": ((Capability.EMBED_TEXT, "embed_encoded_texts"),),
 }
+
+GENERATE_PROMPT = "Describe the image in a few words."
+"""What a generative target is asked about each fuzzed image (one greedy request per image)."""
+
+
+def _generate_encoded_images(target: Target, blobs: list[bytes]) -> list[str]:
+    params = GenerationParams(max_new_tokens=16, temperature=0.0)
+    return [target.generate_encoded(GENERATE_PROMPT, [blob], params).text for blob in blobs]
+
 
 _PROBE_MAX_PIXELS = 4_000_000
 """The reference probe decodes pixels only below this many (a fuzzed header may declare billions)."""
@@ -116,7 +130,10 @@ def fuzz_job(target: Target, spec: WorkerSpec, payload: tuple[str, Any]) -> dict
     feats = probe_features(kind, data)
     start = time.perf_counter()
     try:
-        out = getattr(target, method)([data])
+        if method == "generate_encoded_images":
+            out: Any = _generate_encoded_images(target, [data])
+        else:
+            out = getattr(target, method)([data])
     except Exception as exc:
         err = describe_exception(exc, spec.accepted_errors)
         feats.append(f"target:{'rejected' if err.typed else 'raised'}:{err.type}:{err.code}")

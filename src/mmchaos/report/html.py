@@ -114,8 +114,12 @@ def _banner(summary: Json) -> str:
     share = min(1.0, model / wall) if wall > 0 else 0.0
     incomplete = summary.get("incomplete_checks") or []
     extra = f"<div>incomplete: {_e(', '.join(map(str, incomplete)))}</div>" if incomplete else ""
+    untested = [f"{u.get('step')} {u.get('name')}" for u in summary.get("untested_steps") or []]
+    label = ("PASS, BUT STEPS UNTESTED" if untested else "PASS") if ok else "FAIL"
+    if untested:
+        extra += f"<div>untested steps (every check skipped): {_e(', '.join(untested))}</div>"
     return (
-        f'<div class="banner {"pass" if ok else "fail"}"><b>{"PASS" if ok else "FAIL"}</b>'
+        f'<div class="banner {"pass" if ok else "fail"}"><b>{label}</b>'
         f"<div>{counts}</div>{extra}<div>exit code {_e(summary.get('exit_code'))}</div>"
         f'<div class="bar" title="model time / wall time"><i style="width:{share:.0%}"></i></div>'
         f"<div>wall {wall:.1f} s · model {model:.1f} s ({share:.0%})</div></div>"

@@ -57,7 +57,11 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
         else:
             status = "not in this suite"
         steps.append({"step": int(step), "name": step.label, "status": status, "verdicts": counts})
+    # A step whose every check was skipped went untested: a warn (exit 1 under --strict), never "all pass".
+    untested = [{"step": s["step"], "name": s["name"]} for s in steps if s["status"] == "skipped"]
     code = exit_code_for(findings, strict=strict)
+    if strict and untested:
+        code = 1
     incomplete = [c.check_id for c in checks if c.status != "done"]
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -77,6 +81,7 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
             "exit_code": code,
             "strict": strict,
             "incomplete_checks": incomplete,
+            "untested_steps": untested,
             "wall_seconds": sum(c.wall_seconds for c in checks),
             "model_seconds": sum(c.model_seconds for c in checks),
         },

@@ -160,6 +160,12 @@ class Target:
         """Embed texts given as encoded bytes (what a server receives)."""
         return self.embed_texts([self.decode_text(b) for b in blobs])
 
+    def generate_encoded(
+        self, prompt: str, blobs: Sequence[bytes], params: GenerationParams | None = None
+    ) -> GenerationResult:
+        """Answer ``prompt`` about encoded images (file bytes, decoded as this target decodes them)."""
+        return self.generate(prompt, [self.decode_image(b) for b in blobs], params)
+
     def untested_modalities(self) -> dict[str, str]:
         """Modalities this target handles in part but that could not be tested, with the reason
         (e.g. an endpoint that embeds texts but accepted no form of image). Empty: nothing hidden."""

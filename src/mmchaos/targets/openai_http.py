@@ -615,6 +615,26 @@ class OpenAITarget(Target):
             completions=tuple(completion_of(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )
 
+    def generate_encoded(
+        self, prompt: str, blobs: Sequence[bytes], params: GenerationParams | None = None
+    ) -> GenerationResult:
+        """The image bytes go to the server as they are (data URLs): its decoder meets them, not ours."""
+        self._require(Capability.GENERATE, "generate")
+        params = params or GenerationParams()
+        urls = []
+        for i, blob in enumerate(blobs):
+            if not isinstance(blob, bytes | bytearray | memoryview):
+                raise TargetCallError(f"image {i} is {type(blob).__name__}, not bytes", code="image_not_bytes")
+            urls.append(data_url(bytes(blob)))
+        payload = self._chat_payload(prompt, (), params)
+        payload["messages"] = [{"role": "user", "content": chat_image_content(urls, prompt)}]
+        body = self._post_chat(payload)
+        choices, prompt_tokens = choices_of(body)
+        return GenerationResult(
+            completions=tuple(completion_of(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens,
+            extra={"finish_reasons": [c.get("finish_reason") for c in choices], "id": body.get("id")},
+        )  # fmt: skip
+
     def generate_batch(
         self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
     ) -> list[GenerationResult]:

@@ -159,7 +159,13 @@ def choices_of(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
 
 
 def sse_deltas(lines: Iterable[str], path: str) -> Iterator[str]:
-    """Content deltas of choice 0 from server-sent event lines, up to ``data: [DONE]``."""
+    """Content deltas of choice 0 from server-sent event lines.
+
+    A stream is complete at ``data: [DONE]`` or, when the connection closes without it, once choice 0
+    has sent its ``finish_reason``: transformers serve ends its streams that way and the openai SDK
+    accepts them. A stream that closes before either was cut (``stream_truncated``).
+    """
+    finished = False
     for line in lines:
         if not line.startswith("data:"):
             continue  # comments, event names, keep-alives, blank separators
@@ -171,9 +177,13 @@ def sse_deltas(lines: Iterable[str], path: str) -> Iterator[str]:
             if "error" in chunk:
                 raise EndpointError(f"POST {path}: error in stream: {chunk['error']}", code="stream_error")
             for choice in chunk.get("choices") or []:
+                if int(choice.get("index", 0)) != 0:
+                    continue
                 delta = (choice.get("delta") or {}).get("content")
-                if int(choice.get("index", 0)) == 0 and delta:
+                if delta:
                     yield str(delta)
+                finished = finished or bool(choice.get("finish_reason"))
         except (ValueError, TypeError, AttributeError) as exc:
             raise EndpointError(f"POST {path}: malformed stream event ({exc})", code="bad_response") from None
-    raise EndpointError(f"POST {path}: the stream ended without [DONE]", code="stream_truncated")
+    if not finished:
+        raise EndpointError(f"POST {path}: the stream ended without a finish_reason or [DONE]", code="stream_truncated")

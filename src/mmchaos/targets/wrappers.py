@@ -80,6 +80,15 @@ class DelegatingTarget(Target):
         fn = getattr(self.inner, "embed_encoded_texts", None)
         return super().embed_encoded_texts(blobs) if fn is None else self.call(fn, blobs)
 
+    def generate_encoded(
+        self, prompt: str, blobs: Sequence[bytes], params: GenerationParams | None = None
+    ) -> GenerationResult:
+        fn = getattr(self.inner, "generate_encoded", None)
+        if fn is None:
+            return super().generate_encoded(prompt, blobs, params)
+        result: GenerationResult = self.call(fn, prompt, blobs, params)
+        return result
+
     def decode_image(self, blob: bytes) -> ImageArray:
         fn = getattr(self.inner, "decode_image", None)
         return super().decode_image(blob) if fn is None else fn(blob)

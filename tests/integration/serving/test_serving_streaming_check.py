@@ -20,6 +20,7 @@ from mmchaos.targets import load_target
 from mmchaos.targets.base import Target
 from mmchaos.targets.generation import GenerationParams
 from tests.fakes.generative import DropLastDeltaTarget, SlowStreamTarget, UninterruptibleStreamTarget
+from tests.fakes.openai_server import FakeConfig, fake_openai_server
 from tests.fakes.targets import HashEmbedTarget
 from tests.support import run_check_class
 
@@ -112,6 +113,40 @@ def test_a_stream_without_done_is_not_ok() -> None:
     rec = StreamRecord(status=200)
     parse_sse(iter(['data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}', ""]), rec, time.perf_counter())
     assert rec.text == "hi" and not rec.done and not rec.ok
+
+
+def test_a_stream_ending_with_its_finish_reason_and_no_done_is_measured() -> None:
+    """transformers serve's stream shape: every measurement is real, none a placeholder."""
+    with fake_openai_server(FakeConfig(stream_fault="no_done")) as url:
+        client = load_target(f"openai:{url}")
+        try:
+            equivalence, latency, disconnect = run(client, {"requests": 3})
+        finally:
+            client.close()
+    assert equivalence.verdict == Verdict.PASS, equivalence.message
+    assert equivalence.title.startswith("streaming equivalence: 3/3 greedy streams")
+    assert equivalence.metrics == {"requests": 3.0, "mismatches": 0.0, "failures": 0.0}
+    assert latency.verdict == Verdict.PASS, latency.message
+    assert latency.metrics["errors"] == 0 and latency.metrics["goodput_ratio"] == 1.0
+    assert all(v >= 0 for v in latency.metrics.values()) and latency.metrics["ttft_p95_ms"] > 0
+    assert "not measured" not in latency.title
+    # this fake writes a whole stream at once and exports no gauge: never "the slot was given back"
+    assert "given back" not in disconnect.title and disconnect.verdict != Verdict.FAIL
+
+
+def test_a_cut_stream_fails_and_nothing_unmeasured_is_reported_as_a_number() -> None:
+    with fake_openai_server(FakeConfig(stream_fault="truncate")) as url:
+        client = load_target(f"openai:{url}")
+        try:
+            equivalence, latency = run(client, {"disconnect": False})
+        finally:
+            client.close()
+    assert equivalence.verdict == Verdict.FAIL
+    assert equivalence.metrics == {"requests": 2.0, "mismatches": 0.0, "failures": 2.0}
+    assert "2 could not be compared" in equivalence.title
+    assert latency.verdict == Verdict.FAIL and "none of the 6 streams completed" in latency.message
+    assert "TTFT p95 not measured" in latency.title and "goodput not measured" in latency.title
+    assert not [k for k in latency.metrics if k.endswith("_ms")] and "goodput_ratio" in latency.metrics
 
 
 def test_a_tiny_transformers_vlm_passes(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -197,6 +197,16 @@ def test_a_broken_stream_is_an_endpoint_error(fault: str, code: str) -> None:
         target.close()
 
 
+def test_a_stream_that_ends_with_its_finish_reason_and_no_done_is_complete() -> None:
+    """transformers serve's shape: the finish_reason chunk, then the connection closes."""
+    with fake_openai_server(FakeConfig(stream_fault="no_done")) as url:
+        target = load_target(f"openai:{url}")
+        params = GenerationParams(max_new_tokens=8)
+        streamed = "".join(target.generate_stream("one two three four", [RED], params))
+        assert streamed == target.generate("one two three four", [RED], params).text == "red one two three four"
+        target.close()
+
+
 def test_servers_that_ignore_n_or_refuse_logprobs_still_give_n_seeded_completions() -> None:
     config = FakeConfig(ignore_n=True, refuse_logprobs=True)
     with fake_openai_server(config) as url:

@@ -277,3 +277,35 @@ def test_a_pipeline_broken_from_its_first_request_fails_the_clean_floor() -> Non
     assert ok.verdict is Verdict.PASS
     off = _run(shape_colour_bgr(), gate=RobustnessGate(min_clean_score=0), perturbations=["gaussian_noise"])
     assert not [f for f in off if "floor" in f.metrics]
+
+
+def test_one_transient_endpoint_failure_is_retried_and_counted_and_every_finding_is_produced() -> None:
+    """Through a LiteLLM-like hop one upstream 500 once ended the whole check as an error."""
+    clean = _run(fakes.ShapeColourTarget(), **NOISE)
+    flaky = fakes.FlakyEndpointTarget(fail_calls=[3])
+    findings = _run(flaky, **NOISE)
+    assert [(f.title, f.verdict) for f in findings] == [(f.title, f.verdict) for f in clean]
+    retried = [f for f in findings if f.metrics.get("endpoint_retries") == 1.0 and "perturbation" in f.evidence]
+    assert len(retried) == 2, "the perturbation's finding and the summary both count the retry"
+    assert "http_500" in retried[0].evidence["endpoint_retries"][0] and "1 transient" in retried[0].message
+    assert findings[-1].metrics["score"] == clean[-1].metrics["score"]
+
+
+def test_a_unit_that_fails_on_every_try_errors_its_perturbation_alone() -> None:
+    # the clean baseline takes 1 call (48 samples, one shard), each noise severity one: calls 4-6 are
+    # the second perturbation's severities 1..3; call 4 fails on its first try and both retries
+    flaky = fakes.FlakyEndpointTarget(fail_calls=[4, 5, 6])
+    found = _by_name(_run(flaky, **NOISE))
+    assert found["gaussian_noise"].verdict == Verdict.PASS
+    bad = found["impulse_noise"]
+    assert bad.verdict == Verdict.ERROR and "not measured" in bad.title and "http_500" in bad.message
+
+
+def test_an_endpoint_that_keeps_failing_stops_the_sweep_as_an_error() -> None:
+    perts = ["gaussian_noise", "impulse_noise", "shot_noise", "speckle_noise", "gaussian_blur"]
+    findings = _run(fakes.FlakyEndpointTarget(fail_from=1), **{**NOISE, "perturbations": perts},
+                    max_failed_units=1)  # fmt: skip
+    errors = [f for f in findings if f.verdict == Verdict.ERROR]
+    # the clean score was measured (its floor finding may pass); nothing under a perturbation was
+    assert errors and not [f for f in findings if f.verdict == Verdict.PASS and "floor" not in f.metrics]
+    assert "kept failing" in errors[-1].title and errors[-1].evidence["not_measured"]

@@ -338,3 +338,34 @@ def test_every_relative_row_shows_a_mean_of_its_own_cells() -> None:
         assert mean == pytest.approx(sum(cells) / len(cells), abs=0.006), name
     [intact] = [cells for name, (cells, _) in rows.items() if name.startswith("missing_modality")]
     assert intact == [1.0, 1.0, 0.99, 1.0, 0.98], "the row shows what its gate and mean use: the intact items"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_step_whose_every_check_was_skipped_is_untested_never_all_pass(tmp_path: Path, strict: bool) -> None:
+    """Four of six checks skipped once printed ALL GATES PASS."""
+    import io
+
+    from rich.console import Console
+
+    from mmchaos.cli.summary import print_summary
+
+    run_id = "20260101-000000-untest"
+    suite = {"name": "s", "description": "", "seed": 1, "checks": []}
+    store = RunStore(tmp_path / "runs.db")
+    store.create_run(RunRecord(run_id, 1.0, 2.0, "complete", "openai:x", "s", {"suite": suite}), ["a", "b", "c"])
+    store.commit_check(run_id, "a", [Finding("a", Step.CONTRACT, Verdict.SKIPPED, "skipped: needs embed_image")],
+                       wall_seconds=0.1, model_seconds=0.0, model_calls=0)  # fmt: skip
+    store.commit_check(run_id, "b", [Finding("b", Step.SERVING, Verdict.PASS, "ok")], wall_seconds=0.1,
+                       model_seconds=0.0, model_calls=0)  # fmt: skip
+    store.commit_check(run_id, "c", [Finding("c", Step.SERVING, Verdict.SKIPPED, "skipped")], wall_seconds=0.1,
+                       model_seconds=0.0, model_calls=0)  # fmt: skip
+    with store:
+        results = build_results(store, run_id, strict=strict)
+    summary = results["summary"]
+    assert summary["untested_steps"] == [{"step": 1, "name": "contract"}]  # step 6 had a check that ran
+    assert summary["exit_code"] == (1 if strict else 0)
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=160), results, tmp_path)
+    out = buf.getvalue()
+    assert "ALL GATES PASS" not in out and "untested" in out.lower() and "1 contract" in out
+    assert "untested steps (every check skipped): 1 contract" in render_html(results, {})

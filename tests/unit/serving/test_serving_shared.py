@@ -47,3 +47,20 @@ def test_a_phase_stops_once_decided_and_says_why_with_n() -> None:
     assert only_met(_tracker(150, bad_every=10)) is None, "a breaching step runs its full length"
     assert only_met(_tracker(150)) is not None
     assert decide(_tracker(20)) is None, "undecided on 20 clean answers"
+
+
+def test_a_stream_record_is_done_at_its_finish_reason_without_done_but_not_when_cut() -> None:
+    import time
+
+    from mmchaos.checks.serving.streaming import StreamRecord, parse_sse
+
+    events = ['data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}',
+              'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}']  # fmt: skip
+    finish = 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'
+    complete, cut, marked = StreamRecord(status=200), StreamRecord(status=200), StreamRecord(status=200)
+    parse_sse(iter([*events, finish, ""]), complete, time.perf_counter())
+    parse_sse(iter(events), cut, time.perf_counter())
+    parse_sse(iter([*events, finish, "data: [DONE]"]), marked, time.perf_counter())
+    assert complete.ok and complete.text == "hi" and complete.finish_reason == "stop" and not complete.done_marker
+    assert not cut.done and not cut.ok
+    assert marked.ok and marked.done_marker

@@ -55,3 +55,33 @@ def test_texts_and_chat_bodies() -> None:
         "max_tokens": 4,
         "stream": True,
     }
+
+
+def _event(delta: str | None = None, finish: str | None = None) -> str:
+    import json
+
+    choice: dict[str, object] = {"index": 0, "delta": {} if delta is None else {"content": delta}}
+    if finish:
+        choice["finish_reason"] = finish
+    return "data: " + json.dumps({"object": "chat.completion.chunk", "choices": [choice]})
+
+
+def test_a_stream_is_complete_at_done_or_at_its_finish_reason() -> None:
+    from mmchaos.targets.openai_wire import sse_deltas
+
+    body = [_event("red"), "", _event(" one"), ""]
+    assert list(sse_deltas([*body, _event(finish="stop"), "", "data: [DONE]"], "/p")) == ["red", " one"]
+    # transformers serve and the openai SDK: the finish_reason chunk, then the connection closes
+    assert list(sse_deltas([*body, _event(finish="length"), ""], "/p")) == ["red", " one"]
+    assert list(sse_deltas([_event("x", finish="stop")], "/p")) == ["x"]
+
+
+def test_a_stream_cut_before_its_finish_reason_is_still_truncated() -> None:
+    from mmchaos.targets.openai_wire import EndpointError, sse_deltas
+
+    role = 'data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}'
+    other = 'data: {"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}'  # not choice 0's end
+    for lines in ([role, _event("red")], [_event("red"), other], []):
+        with pytest.raises(EndpointError) as info:
+            list(sse_deltas(lines, "/p"))
+        assert info.value.code == "stream_truncated"

@@ -2,7 +2,8 @@
 
 Every case of the hostile corpus (:mod:`mmchaos.hostile`) runs through the target's own decoding
 path (``embed_encoded_images``, ``read_encoded_images``, ``embed_encoded_texts``) or its array
-API, inside a pool of worker processes that each load the target once by URI (the run's shared
+API (a target that only generates gets them as greedy chat requests: :mod:`.generative`), inside a
+pool of worker processes that each load the target once by URI (the run's shared
 pool, or with ``--executor ray`` a one-worker pool on each Ray actor). Each case is a keyed work
 unit, committed to the run store as it arrives, so ``--resume`` does not run it again. Outcomes:
 
@@ -28,6 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import ANY_MODALITY, AnyCheck, Check, CheckContext, Gate, Params
+from mmchaos.checks.contract.generative import GENERATIVE_METHODS, answer_verdict, call
 from mmchaos.checks.evidence import png_bytes, safe_name
 from mmchaos.errors import TargetLoadError
 from mmchaos.executors.isolated import JournaledRunner
@@ -56,12 +58,17 @@ _ROUTES: dict[str, tuple[tuple[Capability, str, str], ...]] = {
     "image_bytes": (
         (Capability.EMBED_IMAGE, "embed_encoded_images", "embed_images"),
         (Capability.READ_TEXT, "read_encoded_images", "read_text"),
+        (Capability.GENERATE, "generate_encoded_images", "generate_images"),
     ),
     "image_array": (
         (Capability.EMBED_IMAGE, "embed_images", "embed_images"),
         (Capability.READ_TEXT, "read_text", "read_text"),
+        (Capability.GENERATE, "generate_images", "generate_images"),
     ),
-    "text": ((Capability.EMBED_TEXT, "embed_texts", "embed_texts"),),
+    "text": (
+        (Capability.EMBED_TEXT, "embed_texts", "embed_texts"),
+        (Capability.GENERATE, "generate_texts", "generate_texts"),
+    ),
     "text_bytes": ((Capability.EMBED_TEXT, "embed_encoded_texts", "embed_texts"),),
 }
 
@@ -126,14 +133,14 @@ def run_case_job(target: Target, spec: WorkerSpec, name: str) -> dict[str, Any]:
         return {"not_applicable": True}
     method, reference = methods
     rss = _maxrss_mb()
-    main = _invoke(getattr(target, method), payload.data, spec.accepted_errors)
+    main = _invoke(call(target, method), payload.data, spec.accepted_errors)
     main["rss_growth_mb"] = max(0.0, _maxrss_mb() - rss)
     main["method"] = method
     refs: dict[str, Any] = {}
     if payload.expected is not None:
-        refs["expected"] = _invoke(getattr(target, reference), payload.expected, spec.accepted_errors)
+        refs["expected"] = _invoke(call(target, reference), payload.expected, spec.accepted_errors)
     for bug, picture in payload.wrong.items():
-        refs[bug] = _invoke(getattr(target, reference), picture, spec.accepted_errors)
+        refs[bug] = _invoke(call(target, reference), picture, spec.accepted_errors)
     return {"main": main, "refs": refs}
 
 
@@ -145,6 +152,8 @@ def _warmup_job(target: Target, spec: WorkerSpec, _: Any) -> None:
         target.read_text([base.image])
     if target.has(Capability.EMBED_TEXT):
         target.embed_texts([base.caption])
+    if not target.has(Capability.EMBED_IMAGE, Capability.READ_TEXT) and target.has(Capability.GENERATE):
+        call(target, "generate_images")([base.image])
 
 
 def _job(target: Target, spec: WorkerSpec, payload: tuple[str, Any]) -> Any:
@@ -243,6 +252,8 @@ def _classify(
             detail += f" -- but only after allocating {metrics['rss_growth_mb']:.0f} MB"
         return CaseOutcome(case.name, "rejected", detail, metrics, error=err, late_rejection=late)
     out = main["output"]
+    if main["method"] in GENERATIVE_METHODS:
+        return _classify_answer(case, main["method"], out, refs, expect, metrics)
     is_text = main["method"] in ("read_text", "read_encoded_images")
     if is_text:
         text = _text_of(out)
@@ -286,6 +297,24 @@ def _classify(
             case.name, "garbage", f"cosine {cos:.4f} to the correct picture's output (gate >= {min_cosine:g})", metrics
         )
     return CaseOutcome(case.name, "handled", f"same answer as the correct picture (cosine {cos:.6f})", metrics)
+
+
+def _classify_answer(
+    case: Case, method: str, out: Any, refs: dict[str, Any], expect: str, metrics: dict[str, float]
+) -> CaseOutcome:
+    answer = _text_of(out)
+    if answer is None:
+        return CaseOutcome(case.name, "garbage", f"expected one answer, got {str(out)[:80]}", metrics)
+    expected = refs.get("expected")
+    want = _text_of(expected["output"]) if expected and expected["status"] == "ok" else None
+    if expect == "equivalent" and want is None:
+        why = expected["error"].short() if expected else "no reference"
+        return CaseOutcome(case.name, "error", f"the correct picture itself failed: {why}", metrics)
+    wrong = {k: t for k, v in refs.items() if k != "expected" and v["status"] == "ok"
+             for t in [_text_of(v["output"])] if t is not None}  # fmt: skip
+    outcome, detail = answer_verdict(method, answer, expect, want, wrong)
+    metrics["answer_chars"] = float(len(answer))
+    return CaseOutcome(case.name, outcome, detail, metrics)
 
 
 def _classify_text(
@@ -419,7 +448,7 @@ class Contract(Check[ContractParams, ContractGate]):
 
     name = "contract"
     step = Step.CONTRACT
-    requires = ANY_MODALITY
+    requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -473,7 +502,8 @@ class Contract(Check[ContractParams, ContractGate]):
                 case = cases[index]
                 if job.status == "ok" and job.value.get("not_applicable"):
                     continue
-                reader = str((route(target.capabilities, case.kind) or ("",))[0]).startswith("read")
+                # A reader's and a generator's "nothing here" are fair answers to an empty picture
+                reader = str((route(target.capabilities, case.kind) or ("",))[0]).startswith(("read", "generate"))
                 outcomes[case.name] = classify(
                     case, job, g.min_equivalent_cosine, g.max_equivalent_cer, g.max_reject_rss_mb, reader
                 )

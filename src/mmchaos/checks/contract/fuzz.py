@@ -34,7 +34,7 @@ from mmchaos.fuzz.replay import replay_command
 from mmchaos.fuzz.seeds import corpus_seeds, format_seeds, shrink, text_seeds
 from mmchaos.fuzz.worker import fuzz_job, method_for
 from mmchaos.hostile import CorpusBase
-from mmchaos.targets.base import Target
+from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["ContractFuzz", "ContractFuzzGate", "ContractFuzzParams"]
@@ -160,7 +160,7 @@ class ContractFuzz(Check[ContractFuzzParams, ContractFuzzGate]):
 
     name = "contract_fuzz"
     step = Step.CONTRACT
-    requires = ANY_MODALITY
+    requires = (*ANY_MODALITY, frozenset({Capability.GENERATE}))
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params

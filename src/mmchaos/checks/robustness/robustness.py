@@ -14,7 +14,7 @@ changed one) and gates that instead; they stay out of the score.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from mmchaos.checks.robustness.sweep import (
     ShardResult,
     SweepPlan,
     Unit,
+    UnitFailure,
     clean_inputs,
     decode,
     encode,
@@ -86,6 +87,12 @@ class RobustnessParams(Params):
     image_task: str | None = Field(None, description="task for image perturbations; default by target")
     text_task: str | None = Field(None, description="task for text perturbations; default by target")
     multimodal_task: str | None = Field(None, description="task for multimodal perturbations; default by target")
+    transient_retries: int = Field(
+        2, ge=0, le=10, description="runs again of a work unit whose endpoint failed (5xx, reset, timeout)"
+    )
+    max_failed_units: int = Field(
+        3, ge=0, description="units failing on every try before the sweep stops (the endpoint keeps failing)"
+    )
 
     @field_validator("severities")
     @classmethod
@@ -194,6 +201,9 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         bar = ctx.progress.task(f"{ctx.check_id}: perturbations", total=len(units))
         outcomes: list[_Outcome] = []
         cases: list[_Case] = []
+        retried: list[str] = []  # the endpoint's transient failures, each run again and recovered
+        failed: dict[str, list[str]] = {}  # what could not be measured: its errors
+        stopped = False
         try:
             results = ctx.map_units(run_unit, sweep.plan, units, keys=[u.key for u in units], encode=encode,
                                     decode=decode)  # fmt: skip
@@ -203,26 +213,62 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 bar.advance(n)
                 return out
 
+            def arrive(n: int) -> tuple[list[Any], list[str]]:
+                """n results, and the errors of those that failed on every try (counted)."""
+                parts = take(n)
+                errors = [e for r in parts if isinstance(r, UnitFailure) for e in r.errors[-1:]]
+                units_failed[0] += len(errors)
+                retried.extend(e for r in parts if not isinstance(r, UnitFailure) for e in r.retried)
+                return parts, errors
+
+            units_failed = [0]
             clean: dict[str, tuple[Task, TaskResult]] = {}
+            clean_failed: dict[str, list[str]] = {}
             for name in clean_tasks:
                 task = tasks.REGISTRY.get(name)(batch_size=p.batch_size)
-                clean[name] = (task, task.combine(sweep.data, [r.result for r in take(len(sweep.shards))]))
-                floor = self._floor(ctx, sweep.data, name, task, clean[name][1])
-                if floor is not None:
-                    yield floor
+                parts, errors = arrive(len(sweep.shards))
+                if errors:
+                    clean_failed[name] = errors
+                else:
+                    clean[name] = (task, task.combine(sweep.data, [r.result for r in parts]))
+                    floor = self._floor(ctx, sweep.data, name, task, clean[name][1])
+                    if floor is not None:
+                        yield floor
             for job in jobs:
+                if units_failed[0] > p.max_failed_units:
+                    stopped = True
+                    failed.setdefault(job.pert.name, [])
+                    continue
+                parts, errors = arrive(len(job.units))
+                if job.task in clean_failed:
+                    errors = [f"the clean baseline ({job.task}): {e}" for e in clean_failed[job.task]] + errors
+                if errors:
+                    failed[job.pert.name] = errors
+                    yield self._unmeasured(ctx, job.pert, errors, len(job.units))
+                    continue
                 if job.task is None:
-                    yield self._sensitivity(ctx, sweep, job.pert, take(len(job.units)))
+                    yield self._with_retries(self._sensitivity(ctx, sweep, job.pert, parts), parts)
                     continue
                 task, clean_result = clean[job.task]
-                finding, outcome, found = self._sweep(ctx, sweep, job.pert, task, clean_result, take)
+                finding, outcome, found = self._sweep(ctx, sweep, job.pert, task, clean_result, parts)
                 constraint = finding.evidence.get("meaning_constraint", constraint)
                 outcomes.append(outcome)
                 cases += found
-                yield finding
-            results.close()  # every unit is in: the workers' caches (a shard of inputs) can go
+                yield self._with_retries(finding, parts)
+            results.close()  # every unit is in (or the sweep stopped): the workers' caches can go
         finally:
             bar.close()
+        if stopped:
+            names = [n for n, e in failed.items() if not e]
+            yield self.finding(
+                ctx, Verdict.ERROR,
+                f"the endpoint kept failing: the sweep stopped after {units_failed[0]} work units failed on "
+                f"every try; {len(names)} perturbation(s) not measured",
+                severity=Severity.HIGH, gate=f"at most {p.max_failed_units} work units fail on every try",
+                message=f"not measured: {', '.join(names)}",
+                evidence={"not_measured": names, "units_failed": units_failed[0]},
+                suggestion="the endpoint fails again and again, not now and then: check its health and logs",
+            )  # fmt: skip
         for why, names in skipped.items():
             yield self.finding(
                 ctx,
@@ -232,7 +278,37 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                 evidence={"perturbations": names, "reason": why},
             )
         if any(o.in_score for o in outcomes):
-            yield self._summary(ctx, sweep, outcomes, cases, skipped, constraint)
+            summary = self._summary(ctx, sweep, outcomes, cases, skipped, constraint)
+            summary.metrics["endpoint_retries"] = float(len(retried))
+            if failed:
+                summary.evidence["not_measured"] = sorted(failed)
+            yield summary
+
+    def _unmeasured(self, ctx: CheckContext, pert: Perturbation[Any], errors: list[str], units: int) -> Finding:
+        """A perturbation whose work units failed on every try: an error for it alone, the sweep goes on."""
+        p = self.params
+        return self.finding(
+            ctx, Verdict.ERROR,
+            f"{pert.name}: not measured: the endpoint failed on {len(errors)} of {units} work units, "
+            f"{p.transient_retries + 1} tries each",
+            severity=Severity.MEDIUM, gate="every work unit answered within its retries",
+            message="; ".join(dict.fromkeys(errors))[:600],
+            evidence={"perturbation": pert.name, "group": pert.group, "errors": errors[:10],
+                      "tries_per_unit": p.transient_retries + 1},
+            suggestion="the endpoint failed on these inputs every time: look for them in its logs",
+        )  # fmt: skip
+
+    @staticmethod
+    def _with_retries(finding: Finding, parts: list[Any]) -> Finding:
+        """Count in the finding the transient endpoint failures its units recovered from."""
+        errors = [e for r in parts for e in r.retried]
+        if errors:
+            finding.metrics["endpoint_retries"] = float(len(errors))
+            finding.evidence["endpoint_retries"] = errors[:10]
+            finding.message = (finding.message + "; " if finding.message else "") + (
+                f"{len(errors)} transient endpoint failure(s) retried: {errors[0][:160]}"
+            )
+        return finding
 
     def _floor(self, ctx: CheckContext, data: Dataset, name: str, task: Task, clean: TaskResult) -> Finding | None:
         """A clean score under its absolute floor fails: relative gates measured from it prove nothing."""
@@ -266,7 +342,13 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         indices = ctx.dataset.sample_indices(p.samples, ctx.seed)
         data = ctx.dataset.select(indices)
         plan = SweepPlan(
-            ctx.check_id, ctx.seed, tuple(indices), p.batch_size, _text_field(data, ctx.target), p.meaning_kept
+            ctx.check_id,
+            ctx.seed,
+            tuple(indices),
+            p.batch_size,
+            _text_field(data, ctx.target),
+            p.meaning_kept,
+            p.transient_retries,
         )
         shards = [(a, min(a + p.shard_size, len(data))) for a in range(0, len(data), p.shard_size)]
         bind = BindContext(target=ctx.target, labels=tuple(data.classes), prompt_template=data.prompt_template)
@@ -346,7 +428,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         pert: Perturbation[Any],
         task: Task,
         clean: TaskResult,
-        take: Callable[[int], list[Any]],
+        arrived: list[ShardResult],
     ) -> tuple[Finding, _Outcome, list[_Case]]:
         p = self.params
         g = self.gate
@@ -356,7 +438,6 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         best: dict[int, _Case] = {}  # per sample: its largest drop, at the lowest severity (bounded)
         keep_n = max(p.worst_cases, p.worst_per_perturbation)
         constraint = None
-        arrived: list[ShardResult] = take(len(sweep.shards) * len(p.severities))  # scores, not images
         for k, sev in enumerate(p.severities):
             parts = arrived[k :: len(p.severities)]
             constraint = next((r.constraint for r in reversed(parts) if r.constraint is not None), constraint)

@@ -6,11 +6,17 @@ severity, sharing the shard's clean embeddings). A unit names its samples by pos
 sampled set, so it is a few small values that any worker can run: the worker loads only its
 shard's images, and returns scores, outputs and the sampled parameters, never images. The
 driver aggregates the results in unit order (see :mod:`mmchaos.checks.robustness.robustness`).
+
+An endpoint's transient failure (one 5xx, reset or timeout in a sweep of thousands of requests, as a
+proxy hop gives) does not end the sweep: the unit is run again, ``plan.transient_retries`` times at
+most, the retries are recorded in its result, and a unit that still fails becomes a
+:class:`UnitFailure` that the driver reports for its perturbation alone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +35,20 @@ from mmchaos.perturb.base import (
     Perturbation,
     TextPerturbation,
 )
+from mmchaos.targets.openai_wire import EndpointError
 from mmchaos.tasks.base import Task, TaskResult
 
-__all__ = ["ProbeShard", "ShardResult", "SweepPlan", "Unit", "decode", "encode", "multimodal_item", "run_unit"]
+__all__ = [
+    "ProbeShard",
+    "ShardResult",
+    "SweepPlan",
+    "Unit",
+    "UnitFailure",
+    "decode",
+    "encode",
+    "multimodal_item",
+    "run_unit",
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,8 @@ class SweepPlan:
     text_field: str | None
     """Where text perturbations find their text: ``caption``, ``question`` or nowhere."""
     meaning_kept: float | None = None
+    transient_retries: int = 2
+    """Runs again of a unit whose endpoint failed (5xx, reset, timeout) before it counts as failed."""
 
     @property
     def key(self) -> str:
@@ -83,6 +102,8 @@ class ShardResult:
     hit: list[bool] = field(default_factory=list)
     constraint: dict[str, Any] | None = None
     """The meaning-kept constraint as the worker applied it (or why it was skipped)."""
+    retried: list[str] = field(default_factory=list)
+    """The endpoint's transient failures this unit was run again after (empty: none)."""
 
 
 @dataclass
@@ -91,12 +112,36 @@ class ProbeShard:
 
     by_severity: dict[int, dict[str, list[Any]]]
     """severity -> positions, true_sim, changed_sim, texts, params (lists over the changed samples)."""
+    retried: list[str] = field(default_factory=list)
+
+
+@dataclass
+class UnitFailure:
+    """A unit whose endpoint failed on every try: what it answered each time."""
+
+    errors: list[str]
 
 
 # --- the unit function (runs on a worker) -------------------------------------------------------
 
 
-def run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | ProbeShard:
+def run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | ProbeShard | UnitFailure:
+    """Run one unit against the worker's target, again after an endpoint's transient failure."""
+    errors: list[str] = []
+    while True:
+        try:
+            result = _run_unit(worker, plan, unit)
+        except EndpointError as exc:  # 5xx, reset, timeout, unreadable answer: the endpoint, not the input
+            errors.append(f"{exc.code}: {str(exc)[:200]}")
+            if len(errors) > plan.transient_retries:
+                return UnitFailure(errors)
+            time.sleep(min(2.0, 0.1 * 2 ** len(errors)))
+            continue
+        result.retried = errors
+        return result
+
+
+def _run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | ProbeShard:
     """Run one unit against the worker's target; only this shard's inputs are loaded."""
     data = _sampled(worker, plan)
     rows = list(range(unit.start, unit.stop))
@@ -258,12 +303,15 @@ def _unit(x: Any) -> Any:
 # --- JSON codec (the run store's journal) -------------------------------------------------------
 
 
-def encode(result: ShardResult | ProbeShard) -> dict[str, Any]:
+def encode(result: ShardResult | ProbeShard | UnitFailure) -> dict[str, Any]:
     """A unit result as JSON-able values (floats round-trip exactly)."""
+    if isinstance(result, UnitFailure):
+        return {"failed": list(result.errors)}
     if isinstance(result, ProbeShard):
-        return {"probe": {str(k): v for k, v in result.by_severity.items()}}
+        return {"probe": {str(k): v for k, v in result.by_severity.items()}, "retried": result.retried}
     r = result.result
     return {
+        "retried": result.retried,
         "metric": float(r.metric),
         "per_sample": [float(v) for v in r.per_sample],
         "extra": {k: float(v) for k, v in r.extra.items()},
@@ -274,11 +322,15 @@ def encode(result: ShardResult | ProbeShard) -> dict[str, Any]:
     }
 
 
-def decode(body: dict[str, Any]) -> ShardResult | ProbeShard:
+def decode(body: dict[str, Any]) -> ShardResult | ProbeShard | UnitFailure:
+    if "failed" in body:
+        return UnitFailure(list(body["failed"]))
     if "probe" in body:
-        return ProbeShard({int(k): v for k, v in body["probe"].items()})
+        return ProbeShard({int(k): v for k, v in body["probe"].items()}, list(body.get("retried", [])))
     result = TaskResult(
         float(body["metric"]), np.asarray(body["per_sample"], dtype=np.float64), dict(body["extra"]),
         list(body["outputs"]),
     )  # fmt: skip
-    return ShardResult(result, list(body["params"]), list(body["hit"]), body.get("constraint"))
+    return ShardResult(
+        result, list(body["params"]), list(body["hit"]), body.get("constraint"), list(body.get("retried", []))
+    )

@@ -5,7 +5,9 @@ Three findings:
 
 - **equivalence**: for greedy requests, the concatenated ``delta.content`` of the server-sent events
   must equal the non-streamed ``message.content``, and every stream must end with ``data: [DONE]``
-  (a stream that drops its last delta, or never says it is done, fails);
+  or, where the connection closes without it, with choice 0's ``finish_reason`` (transformers
+  serve's shape, which the openai SDK accepts); a stream that drops its last delta, or is cut before
+  it says it is done, fails;
 - **latency**: TTFT, TPOT and inter-token latency percentiles and goodput (streams that met both
   the TTFT and TPOT objectives, per second and as a share) under ``load_requests`` streamed
   requests, ``concurrency`` at a time;
@@ -91,6 +93,9 @@ class StreamRecord:
     text: str = ""
     deltas: int = 0
     done: bool = False
+    """Complete: ``data: [DONE]`` came, or the stream ended after choice 0's finish_reason."""
+    done_marker: bool = False
+    """``data: [DONE]`` itself came."""
     error: str | None = None
     ttft: float | None = None
     delta_times: list[float] = field(default_factory=list)
@@ -116,21 +121,22 @@ class StreamRecord:
 
 def parse_sse(lines: Iterator[str], record: StreamRecord, start: float) -> None:
     """Fill ``record`` from server-sent event lines (OpenAI's chat.completion.chunk events)."""
+    cut = False
     for line in lines:
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         now = time.perf_counter() - start
         if data == "[DONE]":
-            record.done = True
+            record.done = record.done_marker = True
             break
         try:
             chunk = json.loads(data)
         except ValueError:
-            record.error = f"malformed event: {data[:120]}"
-            break
+            chunk = None
         if not isinstance(chunk, dict):
             record.error = f"malformed event: {data[:120]}"
+            cut = True
             break
         if "error" in chunk:
             record.error = f"error event: {str(chunk['error'])[:200]}"
@@ -150,6 +156,8 @@ def parse_sse(lines: Iterator[str], record: StreamRecord, start: float) -> None:
                 record.delta_times.append(now)
                 if record.ttft is None:
                     record.ttft = now
+    if not cut and record.finish_reason is not None:
+        record.done = True  # the connection closed after the finish_reason: a complete stream
     record.e2e = time.perf_counter() - start
 
 
@@ -157,8 +165,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _ms(x: float | None) -> float:
-    return round(x * 1000.0, 3) if x is not None else -1.0
+def _ms(x: float) -> float:
+    return round(x * 1000.0, 3)
+
+
+def _measured_ms(**values: float | None) -> dict[str, float]:
+    """Milliseconds of what was measured; what was not is left out, never a placeholder."""
+    return {k: _ms(v) for k, v in values.items() if v is not None}
 
 
 class _Client:
@@ -279,7 +292,9 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
             if text is None:
                 problems.append(f"request {i}: the non-streamed answer failed ({status}: {err})")
             elif not rec.ok:
-                problems.append(f"request {i}: the stream failed ({rec.error or 'no data: [DONE]'})")
+                row["stream_failed"] = True
+                why = rec.error or "cut before its finish_reason or [DONE]"
+                problems.append(f"request {i}: the stream failed ({why})")
             elif rec.text != text:
                 at = next((k for k, (a, b) in enumerate(zip(rec.text, text, strict=False)) if a != b),
                           min(len(rec.text), len(text)))  # fmt: skip
@@ -291,21 +306,23 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
                     f"({len(rec.text)} vs {len(text)} characters)"
                 )
             rows.append(row)
-        equal = sum(1 for r in rows if "first_difference" not in r)
+        mismatches = sum(1 for r in rows if "first_difference" in r)
+        failures = len(problems) - mismatches
+        equal = len(rows) - len(problems)
         failed = bool(problems) and g.streaming_equivalent
+        title = (
+            f"streaming equivalence: {equal}/{len(rows)} greedy streams complete and equal their non-streamed answer"
+        )
+        if failures:
+            title += f" ({failures} could not be compared: the request or its stream failed)"
         return self.finding(
             ctx,
             Verdict.FAIL if failed else Verdict.PASS,
-            f"streaming equivalence: {len(rows) - len(problems)}/{len(rows)} greedy streams equal their "
-            "non-streamed answer and end with [DONE]",
+            title,
             severity=Severity.HIGH if failed else Severity.INFO,
-            metrics={
-                "requests": float(len(rows)),
-                "mismatches": float(len(rows) - equal),
-                "failures": float(len(problems) - (len(rows) - equal)),
-            },
+            metrics={"requests": float(len(rows)), "mismatches": float(mismatches), "failures": float(failures)},
             gate="concatenated SSE deltas == non-streamed text for every greedy request; every stream ends with "
-            "data: [DONE]",
+            "data: [DONE] or its finish_reason",
             message="; ".join(problems[:3]),
             suggestion=(
                 "the stream loses or reorders text: flush the detokenizer's held-back text at the end of the "
@@ -343,42 +360,45 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         e2es = [r.e2e for r in ok if r.e2e is not None]
         ttft_slo, tpot_slo = g.ttft_slo_ms / 1000.0, g.tpot_slo_ms / 1000.0
         good = [r for r in ok if r.ttft is not None and r.ttft <= ttft_slo and (r.tpot() or 0.0) <= tpot_slo]
-        ratio = len(good) / len(records) if records else 0.0
-        metrics = {
+        ratio = len(good) / len(records) if records else None
+        metrics: dict[str, float] = {
             "requests": float(len(records)),
             "errors": float(len(records) - len(ok)),
-            "ttft_p50_ms": _ms(percentile(ttfts, 50)),
-            "ttft_p95_ms": _ms(percentile(ttfts, 95)),
-            "ttft_p99_ms": _ms(percentile(ttfts, 99)),
-            "tpot_p50_ms": _ms(percentile(tpots, 50)),
-            "tpot_p95_ms": _ms(percentile(tpots, 95)),
-            "itl_p50_ms": _ms(percentile(itls, 50)),
-            "itl_p95_ms": _ms(percentile(itls, 95)),
-            "itl_p99_ms": _ms(percentile(itls, 99)),
-            "e2e_p50_ms": _ms(percentile(e2es, 50)),
-            "e2e_p95_ms": _ms(percentile(e2es, 95)),
-            "throughput_rps": len(ok) / wall if wall > 0 else 0.0,
-            "goodput_rps": len(good) / wall if wall > 0 else 0.0,
-            "goodput_ratio": ratio,
-        }
+            **_measured_ms(
+                ttft_p50_ms=percentile(ttfts, 50), ttft_p95_ms=percentile(ttfts, 95), ttft_p99_ms=percentile(ttfts, 99),
+                tpot_p50_ms=percentile(tpots, 50), tpot_p95_ms=percentile(tpots, 95),
+                itl_p50_ms=percentile(itls, 50), itl_p95_ms=percentile(itls, 95), itl_p99_ms=percentile(itls, 99),
+                e2e_p50_ms=percentile(e2es, 50), e2e_p95_ms=percentile(e2es, 95),
+            ),
+        }  # fmt: skip
+        if records and wall > 0:
+            metrics.update(throughput_rps=len(ok) / wall, goodput_rps=len(good) / wall)
+        if ratio is not None:
+            metrics["goodput_ratio"] = ratio
         max_ttft = g.max_ttft_p95_ms or g.ttft_slo_ms
         max_tpot = g.max_tpot_p95_ms or g.tpot_slo_ms
         problems = []
+        errors = sorted({r.error or f"HTTP {r.status}" for r in records if not r.ok})
         if not records:
-            problems.append("no request was sent within max_duration_s")
-        if ttfts and metrics["ttft_p95_ms"] > max_ttft:
+            problems.append("no request was sent within max_duration_s: latency not measured")
+        elif not ok:
+            problems.append(f"none of the {len(records)} streams completed ({'; '.join(errors[:2])}): TTFT and TPOT "
+                            "not measured")  # fmt: skip
+        if "ttft_p95_ms" in metrics and metrics["ttft_p95_ms"] > max_ttft:
             problems.append(f"TTFT p95 {metrics['ttft_p95_ms']:.0f} ms > {max_ttft:g} ms")
-        if tpots and metrics["tpot_p95_ms"] > max_tpot:
+        if "tpot_p95_ms" in metrics and metrics["tpot_p95_ms"] > max_tpot:
             problems.append(f"TPOT p95 {metrics['tpot_p95_ms']:.1f} ms > {max_tpot:g} ms")
-        if records and ratio < g.min_goodput_ratio:
+        if ok and ratio is not None and ratio < g.min_goodput_ratio:
             problems.append(f"goodput {ratio:.0%} of streams met TTFT <= {g.ttft_slo_ms:g} ms and TPOT <= "
                             f"{g.tpot_slo_ms:g} ms (< {g.min_goodput_ratio:.0%})")  # fmt: skip
-        errors = sorted({r.error or f"HTTP {r.status}" for r in records if not r.ok})
+        ttft_text = f"{metrics['ttft_p95_ms']:.0f} ms" if "ttft_p95_ms" in metrics else "not measured"
+        tpot_text = f"{metrics['tpot_p95_ms']:.1f} ms" if "tpot_p95_ms" in metrics else "not measured"
+        goodput_text = f"{ratio:.0%}" if ok and ratio is not None else "not measured"
         return self.finding(
             ctx,
             Verdict.FAIL if problems else Verdict.PASS,
             f"stream latency under load ({len(records)} streams, concurrency {p.concurrency}): TTFT p95 "
-            f"{metrics['ttft_p95_ms']:.0f} ms, TPOT p95 {metrics['tpot_p95_ms']:.1f} ms, goodput {ratio:.0%}",
+            f"{ttft_text}, TPOT p95 {tpot_text}, goodput {goodput_text}",
             severity=Severity.MEDIUM if problems else Severity.INFO,
             metrics=metrics,
             gate=f"TTFT p95 <= {max_ttft:g} ms, TPOT p95 <= {max_tpot:g} ms, >= {g.min_goodput_ratio:.0%} of streams "
@@ -460,7 +480,7 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         return self.finding(
             ctx, verdict, title, severity=severity,
             metrics={"released": 1.0 if released_after is not None else 0.0,
-                     "release_ms": _ms(released_after), "next_request_ok": 1.0 if status == 200 else 0.0},
+                     **_measured_ms(release_ms=released_after), "next_request_ok": 1.0 if status == 200 else 0.0},
             gate=gate, message="; ".join(problems), evidence=evidence,
             suggestion="watch the connection while streaming and abort the request when the client goes "
             "(vLLM aborts on disconnect); stop generating at the next token" if verdict == Verdict.FAIL else "",
@@ -484,7 +504,7 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         gate = (f"after more clients left mid-stream than the server holds at once, as many new streams are admitted "
                 f"with a first token within {admit_s * 1000:g} ms, within {p.release_timeout_s:g} s")  # fmt: skip
         metrics = {"released": 1.0 if probe.released and probe.capacity_found else 0.0,
-                   "release_ms": _ms(probe.released_after_s), "capacity": float(probe.capacity),
+                   **_measured_ms(release_ms=probe.released_after_s), "capacity": float(probe.capacity),
                    "disconnected": float(probe.disconnected), "admitted_after": float(probe.admitted_after),
                    "answered_after": float(probe.answered_after),
                    "next_request_ok": 1.0 if probe.answered_after else 0.0}  # fmt: skip
