@@ -125,7 +125,9 @@ def with_target_flags(command: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> R:
-        flags = {name: kwargs.pop(name) for name in FLAG_NAMES}
+        flags = {
+            name: kwargs.pop(name, default) for name, (_, default) in _FLAGS.items()
+        }  # a Python caller may leave them out
         return command(**kwargs, options=gather_options(**flags))
 
     params = [*kinds, *added]
