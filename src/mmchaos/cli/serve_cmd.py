@@ -15,7 +15,10 @@ from mmchaos.cli.target_flags import with_target_flags
 from mmchaos.errors import ConfigError
 from mmchaos.targets.options import TargetOptions
 
-__all__ = ["register"]
+__all__ = ["API_KEY_ENV", "register"]
+
+API_KEY_ENV = "MMCHAOS_API_KEY"
+"""The environment variable ``--api-key`` reads when not given (vLLM's is ``VLLM_API_KEY``)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -55,6 +58,17 @@ def _serve(
             show_default=False,
         ),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar=API_KEY_ENV,
+            help=f"require Authorization: Bearer KEY on /v1 requests (vLLM's --api-key; or ${API_KEY_ENV}, "
+            "which keeps the key off the command line); /healthz, /readyz, /health, /version and /metrics stay open",
+            show_default=False,
+            show_envvar=False,
+        ),
+    ] = None,
     api_key_env: Annotated[
         str | None,
         typer.Option("--api-key-env", help="require Authorization: Bearer $NAME on /v1 requests", show_default=False),
@@ -65,8 +79,15 @@ def _serve(
     options: TargetOptions | None = None,
 ) -> None:
     """Serve a target over an OpenAI-compatible HTTP API with the guards on the request path."""
+    from mmchaos.net import is_loopback_host
     from mmchaos.targets import load_target, resolve_target_options
 
+    allow_remote = bool(options is not None and options.get("allow_remote"))
+    if not allow_remote:
+        from mmchaos.net import require_loopback
+
+        require_loopback(host, what="--host")  # before the target loads: nothing to wait for
+    options = _target_options(target, options)
     resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything starts
     from mmchaos.server import ServerConfig, contract_from_yaml, serve
     from mmchaos.targets.threads import limit_blas_threads
@@ -83,11 +104,19 @@ def _serve(
     }
     if contract is not None:
         settings["contract"] = contract_from_yaml(contract)
+    keys = [api_key] if api_key else []
     if api_key_env is not None:
         key = os.environ.get(api_key_env)
         if not key:
             raise ConfigError(f"--api-key-env {api_key_env}: the environment variable is not set")
-        settings["api_keys"] = (key,)
+        keys.append(key)
+    if keys:
+        settings["api_keys"] = tuple(keys)
+    elif allow_remote and not is_loopback_host(host):
+        sys.stderr.write(
+            f"mmchaos serve: warning: --allow-remote with no API key: anyone who can reach {host} may use the "
+            f"model (set --api-key or ${API_KEY_ENV})\n"
+        )
     config = ServerConfig.build(**settings)
     loaded = load_target(target, options)
     try:
@@ -98,9 +127,30 @@ def _serve(
             sys.stderr.write(f"mmchaos serve: {target} on {url}/v1 ({guards}); Ctrl-C or SIGTERM stops\n")
             sys.stderr.flush()
 
-        serve(loaded, config, host=host, port=port, graceful_timeout=timeout + 5.0, on_ready=ready)
+        serve(
+            loaded, config, host=host, port=port, graceful_timeout=timeout + 5.0, on_ready=ready,
+            allow_remote=allow_remote,
+        )  # fmt: skip
     finally:
         loaded.close()
+
+
+def _target_options(target: str, options: TargetOptions | None) -> TargetOptions | None:
+    """``options`` for the target: ``--allow-remote`` is serve's opt-in to a remote ``--host`` and,
+    for a target that takes it (``openai:``), to a remote endpoint; a target that does not keeps it out."""
+    from mmchaos.targets import resolve_target_options
+
+    if options is None or "allow_remote" not in options:
+        return options
+    try:
+        resolve_target_options(target, options)
+    except ConfigError as exc:
+        if exc.code != "target_option_unknown":
+            raise
+        without = TargetOptions({k: v for k, v in options.items() if k != "allow_remote"})
+        resolve_target_options(target, without)  # another unknown option is still refused, and named
+        return without
+    return options
 
 
 serve_command = with_target_flags(_serve)

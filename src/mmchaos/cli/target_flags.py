@@ -48,7 +48,11 @@ MissingOpt = Annotated[
     bool, typer.Option("--allow-missing-weights", help="let hf: targets load with weights left newly initialised")
 ]
 RemoteOpt = Annotated[
-    bool, typer.Option("--allow-remote", help="let openai: targets send requests to non-loopback hosts")
+    bool,
+    typer.Option(
+        "--allow-remote",
+        help="let openai: targets send requests to non-loopback hosts (serve: and listen on a non-loopback --host)",
+    ),
 ]
 ConfigOpt = Annotated[
     Path | None,

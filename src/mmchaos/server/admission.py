@@ -8,7 +8,14 @@ taken before any image is decoded, and given back when the request's work really
 Load shedding: with ``max_wait`` set, a request that would have to queue is refused (429
 ``overloaded`` with Retry-After) when its expected wait -- the requests ahead of it times the
 measured interval between completions while the server is saturated -- exceeds ``max_wait`` or
-what is left of its deadline. Queueing everything up to ``queue`` instead lets a burst push every
+what is left of its deadline; or when the pixels already waiting plus its own are more than one
+budget: the pixel budget, not the slots, is then what limits the service, and an interval measured
+on light traffic (or none, on a cold server) says nothing of how long a round of large images takes.
+What waits then starts within one round of what runs. A request that still reaches its deadline
+in the queue, never admitted, is shed too (429 ``overloaded``): it never ran, so it did not time
+out; a 504 is left to work that ran past the deadline.
+
+Queueing everything up to ``queue`` instead lets a burst push every
 admitted request past its latency objective (all of them late, goodput collapses); shedding keeps
 the admitted ones on time and tells the rest, cheaply, when to come back.
 """
@@ -46,6 +53,8 @@ class Admission:
         self.clock = clock
         self.active = 0
         self.pixels = 0
+        #: Pixels the waiting requests declare (the queue's share of the budget, still undecoded).
+        self.queued_pixels = 0
         self.waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         #: EWMA of the seconds between two completions while the server was saturated (a slot
         #: freed with every slot taken or someone waiting): the service's real throughput, whatever
@@ -82,6 +91,16 @@ class Admission:
         if not self.waiters and self._fits(pixels):
             self._take(pixels)
             return
+        budget = self.pixel_budget
+        if self.max_wait is not None and budget is not None and pixels > 0 and self.queued_pixels + pixels > budget:
+            wait = retry_after()
+            raise ServerError(
+                f"the server is overloaded: {self.pixels} decoded pixels are in use and {self.queued_pixels} "
+                f"wait for the {budget}-pixel budget; this request's {pixels} would wait more than one round; "
+                f"retry in {wait}s",
+                code="overloaded",
+                retry_after=wait,
+            )
         if self.max_wait is not None:
             expected = self.expected_wait(fallback_interval)
             if expected > min(self.max_wait, deadline - loop.time()):
@@ -104,18 +123,29 @@ class Admission:
         fut: asyncio.Future[None] = loop.create_future()
         entry = (fut, pixels)
         self.waiters.append(entry)
+        self.queued_pixels += pixels
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
             sample = (self.clock() - queued_at) / places
             self.wait_per_place = sample if self.wait_per_place is None else 0.8 * self.wait_per_place + 0.2 * sample
-        except BaseException:
+        except BaseException as exc:
             if fut.done() and not fut.cancelled():
                 self.release(pixels)  # admitted just as we gave up: pass it on
             else:
                 fut.cancel()
                 with contextlib.suppress(ValueError):
                     self.waiters.remove(entry)
+                    self.queued_pixels -= pixels
                 self._wake()  # the head left: the next one may fit now
+                if isinstance(exc, TimeoutError) and self.max_wait is not None:
+                    waited = self.clock() - queued_at
+                    wait = retry_after()
+                    raise ServerError(
+                        f"the server is overloaded: no slot freed up in the {waited:.1f}s this request waited, "
+                        f"all it had before its deadline; retry in {wait}s",
+                        code="overloaded",
+                        retry_after=wait,
+                    ) from None
             raise
 
     def release(self, pixels: int = 0) -> None:
@@ -138,9 +168,11 @@ class Admission:
             fut, pixels = self.waiters[0]
             if fut.done():
                 self.waiters.popleft()
+                self.queued_pixels -= pixels
                 continue
             if not self._fits(pixels):
                 return
             self.waiters.popleft()
+            self.queued_pixels -= pixels
             self._take(pixels)
             fut.set_result(None)

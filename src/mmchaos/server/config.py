@@ -84,8 +84,11 @@ class ServerConfig(BaseModel):
     #: before anything is decoded); more is refused with 413 ``request_pixels_too_large``.
     max_request_pixels: int = Field(default=50_000_000, ge=1)
     #: Decoded pixels all admitted requests may hold at once; a request that does not fit waits in
-    #: the queue (undecoded) like one waiting for a slot. At least ``max_request_pixels``.
-    max_inflight_pixels: int = Field(default=100_000_000, ge=1)
+    #: the queue (undecoded) like one waiting for a slot. At least ``max_request_pixels``. A decoded
+    #: pixel costs about 8 bytes at the peak (the RGB array, Pillow's 4-byte decode buffer, the
+    #: processor's copy): 50 M keeps tiny-clip under twice its idle memory through a burst of
+    #: requests at ``max_request_pixels`` (benchmarks/serve_pixel_burst.py; 100 M reached 2.7x).
+    max_inflight_pixels: int = Field(default=50_000_000, ge=1)
     #: Seconds a connection may take to send a request's headers (slowloris); then it is closed.
     header_timeout: float = Field(default=10.0, gt=0.0, le=3600.0)
     #: Seconds a client may take to send a request's body once its headers arrived; then 408.

@@ -9,6 +9,8 @@ each request's work is; this class holds what they share.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import time
@@ -37,6 +39,11 @@ from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["GuardedServer", "load_mismatch", "served_model_name"]
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
 
 log = logging.getLogger("mmchaos.server")
 
@@ -126,7 +133,17 @@ class GuardedServer:
         self.started = time.time()
         self.draining = False
         self.running = False
-        self.api_keys = frozenset(k.get_secret_value() for k in cfg.api_keys)
+        #: SHA-256 digests of the API keys: compared in constant time (:meth:`key_matches`).
+        self.api_keys = tuple(_digest(k.get_secret_value()) for k in cfg.api_keys)
+
+    def key_matches(self, given: str) -> bool:
+        """Whether ``given`` is one of the API keys: equal-length digests compared with
+        :func:`hmac.compare_digest`, every key tried, so the time says nothing about a key."""
+        digest = _digest(given)
+        found = False
+        for key in self.api_keys:
+            found |= hmac.compare_digest(digest, key)
+        return found
 
     @property
     def outstanding(self) -> int:

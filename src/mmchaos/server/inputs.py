@@ -11,16 +11,14 @@ from typing import Any
 
 from mmchaos.guard.preflight import estimate_tokens
 from mmchaos.server.errors import ServerError
-from mmchaos.server.protocol import ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
-
-#: Chat roles a generative target takes (``developer`` is OpenAI's newer name of ``system``).
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+from mmchaos.server.protocol import CHAT_ROLES, ChatMessage, EmbeddingRequest, ImageURLPart, TextPart
 
 __all__ = [
     "Item",
     "Turn",
     "bare_data_url_bytes",
     "chat_turns",
+    "check_role",
     "embedding_items",
     "message_parts",
     "part_item",
@@ -52,18 +50,23 @@ def chat_turns(messages: Sequence[ChatMessage], max_items: int) -> list[Turn]:
     413 past ``max_items`` content parts."""
     turns = []
     for i, m in enumerate(messages):
-        if m.role not in CHAT_ROLES:
-            roles = ", ".join(sorted(CHAT_ROLES))
-            raise ServerError(
-                f"message {i} has role {m.role!r}; this server takes {roles}", code="bad_messages",
-                param=f"messages[{i}].role",
-            )  # fmt: skip
+        check_role(m, i)
         items = tuple(part_item(p, where) for p, where in message_parts(m.content, f"messages[{i}]"))
         turns.append(Turn(m.role, items, plain=not isinstance(m.content, list)))
     count = sum(len(t.items) for t in turns)
     if count > max_items:
         raise ServerError(f"{count} content parts; the limit is {max_items}", code="too_many_inputs", param="messages")
     return turns
+
+
+def check_role(message: ChatMessage, i: int) -> None:
+    """400 ``bad_messages`` unless message ``i`` has one of :data:`CHAT_ROLES` (what the schema lists)."""
+    if message.role not in CHAT_ROLES:
+        roles = ", ".join(sorted(CHAT_ROLES))
+        raise ServerError(
+            f"message {i} has role {message.role!r}; this server takes {roles}", code="bad_messages",
+            param=f"messages[{i}].role",
+        )  # fmt: skip
 
 
 def bare_data_url_bytes(url: str) -> bytes:
@@ -113,6 +116,8 @@ def embedding_items(body: EmbeddingRequest, max_items: int, detokenize: Detokeni
                 items.append(part_item(x, where))
         return items
     messages: list[ChatMessage] = body.messages or []
+    for i, m in enumerate(messages):
+        check_role(m, i)
     parts = [p for i, m in enumerate(messages) for p in message_parts(m.content, f"messages[{i}]")]
     if len(parts) != 1:
         raise ServerError(

@@ -100,7 +100,8 @@ class RequestEdge:
         if srv.api_keys and path.startswith("/v1/"):
             auth = headers.get("authorization", "")
             scheme, _, key = auth.partition(" ")
-            if scheme.lower() != "bearer" or key.strip() not in srv.api_keys:
+            matches = srv.key_matches(key.strip())  # compared whatever the scheme: no early answer
+            if not matches or scheme.lower() != "bearer":
                 return ServerError("a valid API key is required (Authorization: Bearer ...)", code="invalid_api_key")
         if scope.get("method") == "POST" and path in POST_ENDPOINTS:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()

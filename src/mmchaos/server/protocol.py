@@ -4,15 +4,19 @@ Images travel as ``data:`` URLs inside ``image_url`` content parts, as in OpenAI
 vLLM's multimodal embeddings. The server never fetches ``http(s)`` URLs (no server-side request
 forgery): anything but a ``data:`` URL is refused with ``bad_data_url``.
 
-Unknown fields are ignored, as vLLM does, so OpenAI clients that send ``user``, ``temperature``
-and the like keep working.
+Unknown fields are ignored, as vLLM does, so OpenAI clients that send ``user``, ``logit_bias``
+and the like keep working. The fields the server reads take JSON's own types only, as OpenAI's API
+does (``"stream": "yes"``, ``"max_tokens": true`` and ``"n": "2"`` are 400 ``invalid_request``; an
+integer is a number). Ranges the server checks itself, with its own code (``bad_generation_params``,
+``bad_messages``), are stated in the schema with :class:`WithJsonSchema`, so the schema says what the
+server takes without turning those refusals into schema errors.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, WithJsonSchema, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -56,10 +60,26 @@ class TextPart(_Lenient):
 ContentPart = Annotated[ImageURLPart | TextPart, Field(discriminator="type")]
 #: A token id of the target's tokenizer (JSON integers only; ``true`` is not 1).
 TokenId = Annotated[int, Strict()]
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+StrictStr = Annotated[str, Strict()]
+#: A JSON number (an integer too, as OpenAI's API takes it; never a string or a boolean).
+StrictFloat = Annotated[float, Strict()]
+
+#: Chat roles the server takes (``developer`` is OpenAI's newer name of ``system``); another is
+#: 400 ``bad_messages`` (:mod:`.inputs`), and the schema lists these.
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+#: The least positive temperature: below it ``logits / temperature`` overflows (float32 past
+#: 1e-37, float16 far sooner) and the sampler fails inside the model; vLLM clamps to the same 0.01.
+MIN_TEMPERATURE = 0.01
+#: OpenAI's largest temperature.
+MAX_TEMPERATURE = 2.0
+#: Most completions one request may ask for (GenerationParams' bound).
+MAX_N = 128
 
 
 class ChatMessage(_Lenient):
-    role: str = Field(max_length=64)
+    role: Annotated[StrictStr, WithJsonSchema({"type": "string", "enum": list(CHAT_ROLES)})] = Field(max_length=64)
     content: str | list[ContentPart] | None = None
 
 
@@ -73,11 +93,11 @@ class EmbeddingRequest(_Lenient):
     one embedding.
     """
 
-    model: str | None = None
+    model: StrictStr | None = None
     input: str | list[TokenId] | list[list[TokenId]] | list[str | ContentPart] | None = None
     messages: list[ChatMessage] | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
     user: str | None = None
 
     @model_validator(mode="after")
@@ -88,7 +108,7 @@ class EmbeddingRequest(_Lenient):
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(_Lenient):
@@ -99,19 +119,21 @@ class ChatCompletionRequest(_Lenient):
     ``return_tokens_as_token_ids`` is vLLM's: logprob tokens are sent as ``token_id:N``.
     """
 
-    model: str | None = None
+    model: StrictStr | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    max_tokens: int | None = Field(default=None, ge=1, description="longest reply, in tokens")
-    max_completion_tokens: int | None = Field(default=None, ge=1, description="OpenAI's newer name of max_tokens")
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
-    stop: str | list[str] | None = None
-    logprobs: bool = False
-    return_tokens_as_token_ids: bool = False
+    n: Annotated[StrictInt, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_N})] = 1
+    max_tokens: StrictInt | None = Field(default=None, ge=1, description="longest reply, in tokens")
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, description="OpenAI's newer name of max_tokens")
+    temperature: (
+        Annotated[StrictFloat, WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE})] | None
+    ) = Field(default=None, description=f"0 (greedy) or {MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}; default 1")
+    top_p: Annotated[StrictFloat, WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": 1})] | None = None
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    stop: StrictStr | list[StrictStr] | None = None
+    logprobs: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False
     user: str | None = None
 
 

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mmchaos.errors import UsageError
+from mmchaos.net import require_loopback
 from mmchaos.server.app import create_app
 from mmchaos.server.config import ServerConfig
 from mmchaos.server.core import GuardedServer
@@ -31,8 +32,14 @@ from mmchaos.targets.base import Target
 __all__ = ["ServerThread", "bind", "serve"]
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (port 0: a free one), or a UsageError."""
+def bind(host: str, port: int, *, allow_remote: bool = False) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (port 0: a free one), or a UsageError.
+
+    A host that is not loopback (``0.0.0.0`` and ``::`` included: every interface) is refused with
+    :data:`~mmchaos.net.REMOTE_REFUSED` unless ``allow_remote``: the rule of ``proxy`` and ``openai:``.
+    """
+    if not allow_remote:
+        require_loopback(host, what="--host")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -171,8 +178,10 @@ class ServerThread:
         port: int = 0,
         graceful_timeout: float | None = 60.0,
         log_level: str = "warning",
+        allow_remote: bool = False,
     ) -> None:
         self.app = _as_app(app_or_target, config)
+        self.allow_remote = allow_remote
         self.host = host
         self.port = port
         self.graceful_timeout = graceful_timeout
@@ -198,7 +207,7 @@ class ServerThread:
     def start(self, timeout: float = 30.0) -> ServerThread:
         if self._thread is not None:
             raise UsageError("this server thread was already started")
-        sock = bind(self.host, self.port)
+        sock = bind(self.host, self.port, allow_remote=self.allow_remote)
         self.port = int(sock.getsockname()[1])
         state = getattr(self.app.state, "mmchaos", None)
         server = _Server(_uvicorn_config(self.app, self.graceful_timeout, self.log_level), state)
@@ -255,13 +264,15 @@ def serve(
     graceful_timeout: float | None = 60.0,
     log_level: str = "warning",
     on_ready: Callable[[str], object] | None = None,
+    allow_remote: bool = False,
 ) -> None:
     """Serve ``target`` in the foreground until SIGINT/SIGTERM, then shut down gracefully.
 
-    ``on_ready(url)`` is called once the server accepts connections.
+    ``on_ready(url)`` is called once the server accepts connections; a ``host`` that is not
+    loopback needs ``allow_remote`` (:func:`bind`).
     """
+    sock = bind(host, port, allow_remote=allow_remote)
     app = create_app(target, config)
-    sock = bind(host, port)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     url = f"http://{shown}:{bound[1]}"

@@ -101,6 +101,30 @@ def test_serve_options_reach_the_server(subprocess_env: dict[str, str], tmp_path
             proc.wait(10)
 
 
+def test_serve_takes_an_api_key_from_the_flag_or_the_environment(subprocess_env: dict[str, str]) -> None:
+    """As vLLM's ``--api-key`` / ``VLLM_API_KEY``: ``MMCHAOS_API_KEY`` unless ``--api-key`` is given."""
+    env = {**subprocess_env, "MMCHAOS_API_KEY": "from-env"}
+    for flag, accepted, refused in (
+        ([], "from-env", "from-flag"),
+        (["--api-key", "from-flag"], "from-flag", "from-env"),
+    ):
+        proc, url = start(env, "--target", "py:tests.fakes.targets:hash_embed", *flag)
+        try:
+            body = {"input": "x"}
+            assert httpx.post(f"{url}/v1/embeddings", json=body).status_code == 401
+            ok = httpx.post(f"{url}/v1/embeddings", json=body, headers={"Authorization": f"Bearer {accepted}"})
+            assert ok.status_code == 200, ok.text
+            wrong = httpx.post(f"{url}/v1/embeddings", json=body, headers={"Authorization": f"Bearer {refused}"})
+            assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(f"{url}/healthz").status_code == 200  # liveness stays open, as vLLM's /health
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

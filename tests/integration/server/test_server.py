@@ -261,6 +261,24 @@ def test_api_key_is_required_when_configured(target: ControlledTarget) -> None:
             "Authorization": "Bearer s3cret-key"}).text  # fmt: skip
 
 
+def test_a_bearer_key_that_is_not_ascii_is_refused_like_any_wrong_key(target: ControlledTarget) -> None:
+    """Keys are compared in constant time over their digests: a non-ASCII or over-long key is a 401, not a 500."""
+    config = ServerConfig(api_keys=("key-one", "key-two"))
+    with ServerThread(target, config) as srv, httpx.Client(base_url=srv.url) as c:
+        for given in (
+            "Bearer k\u00e9y-one".encode().decode("latin-1"),
+            "Bearer " + "x" * 5000,
+            "Basic key-one",
+            "Bearer",
+        ):
+            refused = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": given.encode("latin-1")})
+            assert_error(refused, 401, "invalid_api_key")
+        for key in ("key-one", "key-two"):
+            ok = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": f"bearer {key}"})
+            assert ok.status_code == 200, ok.text
+        assert c.get("/metrics").status_code == 200 and c.get("/readyz").status_code == 200  # operations stay open
+
+
 # -- guards: load, timeouts, the breaker -----------------------------------------------------------
 
 

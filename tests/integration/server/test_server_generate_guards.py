@@ -104,6 +104,24 @@ def test_a_broken_image_is_refused_by_preflight_before_the_model(words: tuple[Wo
         ({"max_tokens": 5000}, "max_tokens_too_large"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "bad_messages"),
         ({"seed": 2**70}, "invalid_request"),
+        # A temperature so small that logits / temperature overflow: torch's RuntimeError came back as 422.
+        ({"temperature": 1e-300}, "bad_generation_params"),
+        ({"temperature": 0.001}, "bad_generation_params"),  # below vLLM's 0.01 floor
+        ({"temperature": 2.5}, "bad_generation_params"),  # OpenAI's range is [0, 2]
+        # Lax types were taken: "yes" as true, true as 1, "2" as 2. OpenAI's API takes JSON types only.
+        ({"stream": "yes"}, "invalid_request"),
+        ({"stream": 1}, "invalid_request"),
+        ({"max_tokens": True}, "invalid_request"),
+        ({"max_completion_tokens": 4.0}, "invalid_request"),
+        ({"n": "2"}, "invalid_request"),
+        ({"n": 2.0}, "invalid_request"),
+        ({"temperature": "0.5"}, "invalid_request"),
+        ({"top_p": True}, "invalid_request"),
+        ({"seed": "7"}, "invalid_request"),
+        ({"logprobs": "true"}, "invalid_request"),
+        ({"stop": 5}, "invalid_request"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "invalid_request"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "bad_messages"),
     ],
 )
 def test_bad_sampling_fields_are_400_with_a_code(
@@ -113,6 +131,41 @@ def test_bad_sampling_fields_are_400_with_a_code(
     resp = chat(url, **body)
     assert resp.status_code == 400 and resp.json()["error"]["code"] == code, resp.text
     assert target.calls == 0
+
+
+def test_json_numbers_still_fill_sampling_fields(words: tuple[WordsTarget, str]) -> None:
+    """Strict, not stricter than OpenAI: an integer temperature or top_p is a number, 0 is greedy."""
+    _, url = words
+    for body in ({"temperature": 1, "top_p": 1}, {"temperature": 0}, {"temperature": 0.01}, {"temperature": 2}):
+        resp = chat(url, max_tokens=2, **body)
+        assert resp.status_code == 200, (body, resp.text)
+
+
+def test_the_openapi_schema_says_what_the_server_takes(words: tuple[WordsTarget, str]) -> None:
+    """The schema allowed any role string and any number while the server refused them."""
+    _, url = words
+    schemas = httpx.get(f"{url}/openapi.json", timeout=10).json()["components"]["schemas"]
+    assert sorted(schemas["ChatMessage"]["properties"]["role"]["enum"]) == ["assistant", "developer", "system", "user"]
+    request = schemas["ChatCompletionRequest"]["properties"]
+    temperature = next(s for s in request["temperature"]["anyOf"] if s.get("type") == "number")
+    assert temperature["minimum"] == 0 and temperature["maximum"] == 2
+    top_p = next(s for s in request["top_p"]["anyOf"] if s.get("type") == "number")
+    assert top_p["exclusiveMinimum"] == 0 and top_p["maximum"] == 1
+    n = request["n"]
+    assert n["type"] == "integer" and n["minimum"] == 1
+    assert request["stream"]["type"] == "boolean"
+
+
+def test_an_embeddings_conversation_takes_the_roles_the_schema_lists() -> None:
+    """The shared ChatMessage schema lists four roles; the embeddings ``messages`` form took any."""
+    from tests.fakes.targets import HashEmbedTarget
+
+    with ServerThread(HashEmbedTarget(), ServerConfig()) as srv:
+        for role, status in (("user", 200), ("tool", 400)):
+            body = {"messages": [{"role": role, "content": "a text"}]}
+            resp = httpx.post(f"{srv.url}/v1/embeddings", json=body, timeout=30)
+            assert resp.status_code == status, resp.text
+        assert resp.json()["error"]["code"] == "bad_messages"
 
 
 class FailingTarget(WordsTarget):

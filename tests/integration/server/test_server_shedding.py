@@ -21,7 +21,7 @@ from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.server.admission import Admission
 from mmchaos.server.errors import ServerError
 from mmchaos.server.http_errors import to_answer
-from tests.fakes.server_targets import SlowTarget
+from tests.fakes.server_targets import ControlledTarget, SlowTarget
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +71,90 @@ def test_broken_twin_without_shedding_queues_the_whole_burst_past_the_deadline()
     results = _burst(config)
     assert [s for s, _, _ in results] == [200] * BURST
     assert max(t for _, t, _ in results) > 2.0  # the last one waited for ~29 calls of 0.1 s
+
+
+def _large_image_request() -> dict[str, object]:
+    """Two 1000x1000 PNGs (one colour: a few KiB each), 2 M pixels: the pixel budget's unit here."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (1000, 1000), (90, 30, 200)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return {"input": [{"type": "image_url", "image_url": {"url": url}}] * 2}
+
+
+def _pixel_burst(srv: ServerThread, n: int) -> list[tuple[int, str | None]]:
+    body = _large_image_request()
+
+    def post(client: httpx.Client) -> tuple[int, str | None]:
+        r = client.post("/v1/embeddings", json=body)
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1, "a 429 without Retry-After"
+        return r.status_code, (r.json()["error"]["code"] if r.status_code != 200 else None)
+
+    clients = [httpx.Client(base_url=srv.url, timeout=60.0) for _ in range(n)]
+    try:
+        for c in clients:  # connected beforehand; /v1/models is no model call, the server stays cold
+            assert c.get("/v1/models").status_code == 200
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(post, clients))
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_cold_burst_of_large_images_is_shed_by_the_pixel_budget_not_timed_out() -> None:
+    """Issue 24, 1: 64 requests of two large images on a fresh server ended in 504s. The budget lets
+    two run at once (here 2 M pixels each of 4 M), the slots four; the cold estimate (no completion
+    measured yet) queued some 40 of them behind it, past the request timeout. Queued pixels past one
+    budget are shed at once (429 ``overloaded``). The model's 1 s per call (one at a time, under the
+    server's model lock) dominates everything else, so the verdict does not hang on the machine's
+    speed: the four in flight end by ~4 s, well inside the 10 s timeout; the rest waited 32+ s before."""
+    target = ControlledTarget()
+    target.delay = 1.0
+    config = ServerConfig(
+        max_concurrency=4, max_queue=64, max_queue_wait=0.5, request_timeout=10.0,
+        max_request_pixels=2_000_000, max_inflight_pixels=4_000_000,
+    )  # fmt: skip
+    with ServerThread(target, config) as srv:
+        for round_ in ("cold", "warm"):
+            results = _pixel_burst(srv, 64)
+            statuses = [s for s, _ in results]
+            assert 504 not in statuses and set(statuses) <= {200, 429}, (round_, sorted(statuses))
+            assert {code for s, code in results if s == 429} == {"overloaded"}, round_
+            assert statuses.count(200) >= 2, (round_, statuses)  # what the budget can serve, served
+            assert srv.state.admission.active == 0 and srv.state.admission.pixels == 0
+
+
+def test_admission_sheds_a_request_whose_pixels_wait_behind_a_full_budget() -> None:
+    """No server: with shedding on, pixels already waiting plus the new request's may be one budget
+    at most (they start within one round of the running ones); past it the request is refused at
+    once, whatever the (cold, unmeasured) completion interval says."""
+
+    async def scenario() -> None:
+        adm = Admission(limit=8, queue=100, pixel_budget=100, max_wait=0.5)
+        deadline = asyncio.get_running_loop().time() + 60.0
+        for _ in range(2):
+            await adm.enter(deadline, lambda: 1, pixels=50)  # the budget is full
+        queued = [asyncio.ensure_future(adm.enter(deadline, lambda: 1, pixels=50)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert len(adm.waiters) == 2  # one budget waiting: queued
+        with pytest.raises(ServerError) as refused:
+            await adm.enter(deadline, lambda: 1, pixels=1)
+        assert to_answer(refused.value).status == 429 and refused.value.code == "overloaded"
+        assert "pixel" in refused.value.message
+        small = asyncio.ensure_future(adm.enter(deadline, lambda: 1, pixels=0))  # no pixels: the slot rule only
+        await asyncio.sleep(0)
+        assert len(adm.waiters) == 3
+        for q in [*queued, small]:
+            q.cancel()
+        await asyncio.gather(*queued, small, return_exceptions=True)
+        assert adm.queued_pixels == 0
+
+    asyncio.run(scenario())
 
 
 def test_admission_sheds_on_the_measured_completion_interval() -> None:

@@ -26,7 +26,7 @@ from mmchaos.server.errors import BadModelOutput, ServerError
 from mmchaos.server.inputs import Turn, chat_turns
 from mmchaos.server.metrics import GenerationMetrics
 from mmchaos.server.model import as_is
-from mmchaos.server.protocol import ChatCompletionRequest
+from mmchaos.server.protocol import MAX_TEMPERATURE, MIN_TEMPERATURE, ChatCompletionRequest
 from mmchaos.server.respond import disconnected, guarded, json_response
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 
@@ -69,6 +69,16 @@ def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> Gen
         )  # fmt: skip
     if body.stream and body.n != 1:
         raise ServerError("a stream carries one completion: use n=1 with stream", code="n_unsupported", param="n")
+    temperature = body.temperature
+    if (
+        temperature is not None
+        and math.isfinite(temperature)
+        and not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE)
+    ):
+        raise ServerError(
+            f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}, got {temperature!r}",
+            code="bad_generation_params", param="temperature",
+        )  # fmt: skip
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
         return GenerationParams(
