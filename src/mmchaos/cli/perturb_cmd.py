@@ -177,7 +177,9 @@ def _perturb_pdf(
     if not to_pdf and len(numbers) != 1:
         raise UsageError(f"{source} has {count} pages: give --page N to write one as an image, or -o OUT.pdf")
     pages = [render_page(source, n - 1, dpi) for n in numbers]
-    outputs, applied = pert.replay(pages, _read_record(replay)) if replay is not None else pert(pages, severity, rng=seed)
+    outputs, applied = (
+        pert.replay(pages, _read_record(replay)) if replay is not None else pert(pages, severity, rng=seed)
+    )
     if record is not None:
         record.write_text(json.dumps(applied.to_dict(), indent=2, ensure_ascii=False), "utf-8")
     if to_pdf:

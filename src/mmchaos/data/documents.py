@@ -99,7 +99,9 @@ def _question(
         return f"Which region is the table on page {a + 1} about?", regions[a], [regions[a]], [a + 1]
     b = int((a + 1 + rng.integers(pages - 1)) % pages)
     larger = a if sum(tables[a][item]) > sum(tables[b][item]) else b
-    question = f"Compare the table on page {a + 1} with page {b + 1}: which page has the larger total for {ITEMS[item]}?"
+    question = (
+        f"Compare the table on page {a + 1} with page {b + 1}: which page has the larger total for {ITEMS[item]}?"
+    )
     return question, f"page {larger + 1}", _page_answers(larger + 1), [a + 1, b + 1]
 
 
@@ -128,9 +130,7 @@ def make_document_sample(seed: int, index: int, pages: int = 4, dpi: int = DEFAU
         "answers": alternatives,
         "regions": regions,
     }
-    return Sample(
-        id=f"documents-{index}", page=page_refs[about[0] - 1], question=question, answer=answer, meta=meta
-    )
+    return Sample(id=f"documents-{index}", page=page_refs[about[0] - 1], question=question, answer=answer, meta=meta)
 
 
 def make_documents(n: int = 12, seed: int = 0, pages: int = 4, dpi: int = DEFAULT_DPI) -> Dataset:

@@ -55,19 +55,22 @@ class PdfPage:
         return f"{where}#page={self.index + 1}@{self.dpi}dpi"
 
 
+def _label(source: bytes | Path) -> str:
+    return str(source) if isinstance(source, Path) else "<pdf bytes>"
+
+
 def _open(source: bytes | Path) -> Any:
     lib = pdfium()
     try:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
     except FileNotFoundError as exc:
-        raise DataError(f"PDF not found: {source}", code="data_missing_file") from exc
+        raise DataError(f"PDF not found: {_label(source)}", code="data_missing_file") from exc
     except OSError as exc:
-        raise DataError(f"cannot read {source}: {exc}", code="data_unreadable") from exc
+        raise DataError(f"cannot read {_label(source)}: {exc}", code="data_unreadable") from exc
     try:
         return lib.PdfDocument(data)
     except lib.PdfiumError as exc:
-        name = source if isinstance(source, Path) else "<pdf bytes>"
-        raise DataError(f"{name} is not a readable PDF ({exc})", code="data_unreadable_image") from exc
+        raise DataError(f"{_label(source)} is not a readable PDF ({exc})", code="data_unreadable_image") from exc
 
 
 def page_count(source: bytes | Path) -> int:
@@ -111,7 +114,7 @@ def _render_cached(source: bytes | Path, index: int, dpi: int) -> ImageArray:
         doc = _open(source)
         try:
             if not 0 <= index < len(doc):
-                raise DataError(f"{source!s:.80}: no page {index + 1} (it has {len(doc)})", code="data_bad_row")
+                raise DataError(f"{_label(source)}: no page {index + 1} (it has {len(doc)})", code="data_bad_row")
             page = doc[index]
             scale = dpi / _POINTS_PER_INCH
             width, height = page.get_size()

@@ -330,7 +330,7 @@ def _scanned_page(base: CorpusBase) -> Payload:
     """A white A4 page at 300 dpi: the base picture as a figure, ruled lines as a table."""
     from PIL import Image
 
-    height, width, _ = _A4_300DPI
+    width = _A4_300DPI[1]
     page = np.full(_A4_300DPI, 255, np.uint8)
     figure = np.asarray(to_pil(base.image).resize((width // 3, width // 3), Image.Resampling.BILINEAR))
     page[300 : 300 + figure.shape[0], 300 : 300 + figure.shape[1]] = figure[..., :3]

@@ -17,15 +17,15 @@ import pytest
 pytest.importorskip("pypdfium2")
 pytest.importorskip("reportlab")
 
-from mmchaos.data import load_dataset  # noqa: E402
-from mmchaos.data.base import Dataset  # noqa: E402
-from mmchaos.data.documents import make_document_sample  # noqa: E402
-from mmchaos.data.pdf import page_texts  # noqa: E402
-from mmchaos.errors import DataError, MissingDependencyError  # noqa: E402
-from mmchaos.targets.base import Capability, Fingerprint, Target  # noqa: E402
-from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message, as_messages  # noqa: E402
-from mmchaos.tasks import REGISTRY, default_task  # noqa: E402
-from mmchaos.tasks.documents import DocumentQA  # noqa: E402
+from mmchaos.data import load_dataset
+from mmchaos.data.base import Dataset
+from mmchaos.data.documents import make_document_sample
+from mmchaos.data.pdf import page_texts
+from mmchaos.errors import DataError, MissingDependencyError
+from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message, as_messages
+from mmchaos.tasks import REGISTRY, default_task
+from mmchaos.tasks.documents import DocumentQA
 
 
 class RecordingReader(Target):

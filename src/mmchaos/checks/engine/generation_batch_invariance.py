@@ -70,7 +70,9 @@ def _resized(image: npt.NDArray[np.uint8], size: tuple[int, int]) -> npt.NDArray
     from PIL import Image
 
     height, width = size
-    return np.asarray(Image.fromarray(np.ascontiguousarray(image[..., :3])).resize((width, height), Image.Resampling.BILINEAR))
+    return np.asarray(
+        Image.fromarray(np.ascontiguousarray(image[..., :3])).resize((width, height), Image.Resampling.BILINEAR)
+    )
 
 
 def _tokens(c: Completion) -> Sequence[Any]:
@@ -122,7 +124,8 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                     mismatches.append({"run": run, "position_in_batch": position, "first_divergence": where,
                                        "alone": alone.text[:60], "batched": got.text[:60],
                                        "neighbour_images": [k % 3 for k in picks.tolist()],
-                                       "neighbour_sizes": [list(z) for k in picks.tolist() for z in sizes_of(k)]})  # fmt: skip
+                                       "neighbour_sizes": [list(z) for k in picks.tolist()
+                                                           for z in sizes_of(k)]})  # fmt: skip
             per_probe.append({"probe": i, "distinct_completions": len(seen), "mismatched_runs": len(mismatches),
                               "max_logprob_deviation": lp_dev, "mismatches": mismatches[:3]})  # fmt: skip
         bad = [r for r in per_probe if r["mismatched_runs"]]
