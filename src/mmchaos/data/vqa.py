@@ -17,7 +17,16 @@ import numpy as np
 from mmchaos.data.base import Dataset, Sample
 from mmchaos.data.shapes import BACKGROUNDS, COLOURS, SHAPES, make_sample, render_shape
 
-__all__ = ["ANSWERS", "KINDS", "NONE_ANSWERS", "NUMBERS", "QUESTIONS", "make_vqa", "make_vqa_sample"]
+__all__ = [
+    "ANSWERS",
+    "KINDS",
+    "NONE_ANSWERS",
+    "NUMBERS",
+    "QUESTIONS",
+    "known_answer_samples",
+    "make_vqa",
+    "make_vqa_sample",
+]
 
 QUESTIONS: dict[str, tuple[str, ...]] = {
     "colour": ("What colour is the shape?", "Which colour is it?", "What is the colour of the object?"),
@@ -98,6 +107,42 @@ def make_vqa_sample(seed: int, split: str, index: int, image_size: int = 64) -> 
         meta.update(shape_sample.meta)
     meta["answers"] = _alternatives(kind, answer)
     return Sample(id=f"vqa-{split}-{index}", image=image, question=question, answer=answer, meta=meta)
+
+
+def known_answer_samples(
+    n: int, kind: str, *, seed: int = 0, split: str = "test", skip: frozenset[str] = frozenset()
+) -> list[Sample]:
+    """``n`` single-shape images (medium-sized: unambiguous for any model that reads images) whose
+    right answers to a ``kind`` question are pairwise different and not in ``skip``; each sample
+    carries every kind's answer in ``meta`` (``count`` is ``one``), with the spellings a grader
+    accepts in ``meta["answers_by_kind"]``. Deterministic by (seed, split).
+
+    What a black-box probe asks when it must score answers against the truth, not only against
+    each other. At most ``len(ANSWERS[kind])`` are possible.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    room = 1 if kind == "count" else len(set(ANSWERS[kind]) - skip)  # a single shape is always "one"
+    if n > room:
+        raise ValueError(f"at most {room} different {kind} answers, asked for {n}")
+    out: list[Sample] = []
+    seen = set(skip)
+    index = 0
+    while len(out) < n and index < 10_000:
+        s = make_sample(seed, split, index)
+        index += 1
+        answer = "one" if kind == "count" else str(s.meta[kind])
+        if s.meta["size"] != "medium" or answer in seen:
+            continue
+        seen.add(answer)
+        s.meta = {**s.meta, "count": "one", "kind": kind}
+        s.question, s.answer = QUESTIONS[kind][0], answer
+        s.meta["answers"] = _alternatives(kind, answer)
+        s.meta["answers_by_kind"] = {k: _alternatives(k, str(s.meta[k])) for k in KINDS}
+        out.append(s)
+    if len(out) < n:
+        raise ValueError(f"found {len(out)} of {n} images with different {kind} answers")
+    return out
 
 
 def make_vqa(n: int = 200, seed: int = 0, split: str = "test", image_size: int = 64) -> Dataset:

@@ -24,8 +24,8 @@ log = logging.getLogger("mmchaos.server")
 
 #: Who refused, where that and not the code decides the HTTP status: ``server`` (the code's
 #: status, from :data:`mmchaos.error_codes.CODES`), ``request`` (the request's content, as the
-#: target's own decoder or parameter check read it: 400), ``framework`` (FastAPI's own refusal: the
-#: status it chose). See :func:`mmchaos.server.http_errors.http_status`.
+#: target's own decoder or parameter check read it: the code's status, 400 where that is not a 4xx),
+#: ``framework`` (FastAPI's own refusal: the status it chose). See :func:`mmchaos.server.http_errors.http_status`.
 Origin = Literal["server", "request", "framework"]
 
 

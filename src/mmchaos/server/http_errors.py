@@ -41,12 +41,15 @@ def http_status(code: str, origin: Origin = "server", fallback: int = 500) -> in
     A code's status is its entry in the one table, :data:`mmchaos.error_codes.CODES`; ``fallback``
     answers a code the table lacks (a plugin's, a remote endpoint's passed through: the status of
     its exception class). A refusal of the request's content by the target's own decoder or
-    parameter check (``origin="request"``: the guards-off image decoder, GenerationParams) is a 400
-    whatever its code, as the server has always answered it. The HTTP framework's own refusals
-    (``origin="framework"``: routing, the body parser) keep the status it chose, ``fallback``.
+    parameter check (``origin="request"``: the guards-off image decoder, GenerationParams) answers
+    its code's status too (an image past the element-count limit is 413 with guards on or off);
+    only a code whose status is not a client error (a generic ``target_call_failed``) becomes 400
+    there, since the request's content, not the server, was at fault. The HTTP framework's own
+    refusals (``origin="framework"``: routing, the body parser) keep the status it chose, ``fallback``.
     """
     if origin == "request":
-        return 400
+        status = status_of(code, 400)
+        return status if 400 <= status < 500 else 400
     if origin == "framework":
         return fallback
     return status_of(code, fallback)

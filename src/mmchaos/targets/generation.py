@@ -55,7 +55,8 @@ class GenerationParams:
     """Sampling parameters with OpenAI/vLLM meanings; ``temperature == 0`` is greedy decoding.
 
     ``seed`` makes sampling reproducible; ``stop`` strings end a completion (they are not part of
-    its text); ``n`` completions are returned; ``logprobs`` asks for per-token log-probabilities.
+    its text); ``n`` completions are returned; ``logprobs`` asks for per-token log-probabilities;
+    ``user`` is OpenAI's end-user id (sent to HTTP servers, meaningless to a model).
     """
 
     max_new_tokens: int = 32
@@ -65,6 +66,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     n: int = 1
     logprobs: bool = True
+    user: str | None = None
 
     def __post_init__(self) -> None:
         problems = []

@@ -15,7 +15,7 @@ tested is in :meth:`OpenAITarget.untested_modalities`, which the
 ``modality_coverage`` check turns into a warning.
 
 Generation goes to ``POST {base}/chat/completions`` with ``image_url`` parts (data URLs), ``n``,
-``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` and ``logprobs``; ``stream: true``
+``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``user``, ``stop`` and ``logprobs``; ``stream: true``
 is read as server-sent events. Reading text uses the same endpoint, one image per request; the
 reply is the transcription.
 
@@ -580,6 +580,8 @@ class OpenAITarget(Target):
         }
         if params.seed is not None:
             payload["seed"] = params.seed
+        if params.user is not None:
+            payload["user"] = params.user
         if params.stop:
             payload["stop"] = list(params.stop)
         return payload

@@ -4,7 +4,9 @@ Normalisation (VQA-style, kept small so a reader can predict it): lower-case, pu
 spaces, the articles a/an/the dropped, British/American spellings of the built-in vocabulary
 folded (colour/color, centre/center, grey/gray), number digits to words (``2`` -> ``two``) and
 whitespace collapsed. A *normalised match* is equality after that; an *exact match* is equality
-after stripping the ends only.
+after stripping the ends only. An answer *names* a reference when, read as whole words, the one
+thing of a vocabulary it mentions is that reference ("The shape is red." names red; "red or blue"
+names nothing), so a sentence is scored as a short answer is.
 
 An abstention is an answer that declines to name anything about the image ("none", "nothing",
 "there is no shape", "I cannot see an image", "zero"): the right reply to a question about a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["exact_match", "is_abstention", "normalise_answer", "normalised_match"]
+__all__ = ["exact_match", "is_abstention", "named", "names_answer", "normalise_answer", "normalised_match"]
 
 _ARTICLES = frozenset({"a", "an", "the"})
 _SPELLINGS = {"colour": "color", "colours": "colors", "centre": "center", "grey": "gray", "nought": "zero"}
@@ -51,6 +53,22 @@ def normalised_match(prediction: str, answers: Sequence[str]) -> bool:
     """The prediction equals one of the answers after :func:`normalise_answer`."""
     got = normalise_answer(prediction)
     return bool(got) and got in {normalise_answer(a) for a in answers}
+
+
+def named(prediction: str, vocabulary: Sequence[str]) -> set[str]:
+    """The entries of ``vocabulary`` the prediction mentions as whole words, less those that are
+    part of a longer mentioned one ("center" inside "top center")."""
+    spaced = f" {normalise_answer(prediction)} "
+    found = {normalise_answer(v) for v in vocabulary}
+    found = {v for v in found if v and f" {v} " in spaced}
+    return {v for v in found if not any(v != w and f" {v} " in f" {w} " for w in found)}
+
+
+def names_answer(prediction: str, answers: Sequence[str], vocabulary: Sequence[str]) -> bool:
+    """The prediction mentions one of ``answers`` and nothing else of ``vocabulary``."""
+    refs = {normalise_answer(a) for a in answers}
+    mentioned = named(prediction, [*vocabulary, *answers])
+    return bool(mentioned) and mentioned <= refs
 
 
 def is_abstention(text: str) -> bool:

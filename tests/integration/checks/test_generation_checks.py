@@ -4,6 +4,7 @@ clean tiny VLM and fails a broken one from ``tests/fakes/broken_vlms.py``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from mmchaos.checks.integration.multi_turn_consistency import MultiTurnConsisten
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
 from mmchaos.runner import TimedTarget
+from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.targets import load_target
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from mmchaos.targets.tiny_vlms import build_tiny_vlm
@@ -98,11 +100,37 @@ def test_image_cache_isolation_fails_a_cache_keyed_on_the_image(qwen: HFVisionLa
     assert finding.metrics["shared_answers_same_text"] == 0
 
 
-def test_image_cache_isolation_only_warns_when_texts_are_all_it_has(qwen: HFVisionLanguageTarget) -> None:
-    # Without logprobs a cache hit and an image-blind answer look alike: warn, do not fail.
+def test_image_cache_isolation_without_logprobs_warns_when_the_model_cannot_answer(
+    qwen: HFVisionLanguageTarget,
+) -> None:
+    # Without logprobs the check judges on known-answer images; an untrained tiny VLM names no
+    # colour right, so the black-box probe cannot judge: a warning that says so, never a pass.
     [finding] = run_check(ImageCacheIsolation(), bv.TextKeyedCacheVLM(bv.NoLogprobs(qwen)))
     assert finding.verdict == Verdict.WARN, finding.title
-    assert finding.metrics["with_logprobs"] == 0
+    assert finding.metrics["with_logprobs"] == 0 and finding.evidence["method"] == "black-box probe"
+    assert finding.title.startswith("not judged")
+
+
+@contextmanager
+def served(target: Any) -> Iterator[Any]:
+    """``target`` behind ``mmchaos serve``'s reference server, reached as ``openai:``."""
+    with ServerThread(target, ServerConfig()) as srv:
+        client = load_target(f"openai:{srv.base_url}")
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def test_image_cache_isolation_judges_by_logprobs_through_mmchaos_serve(qwen: HFVisionLanguageTarget) -> None:
+    with served(qwen) as client:
+        [clean] = run_check(ImageCacheIsolation(), client)
+    with served(bv.TextKeyedCacheVLM(qwen)) as client:
+        [broken] = run_check(ImageCacheIsolation(), client)
+    assert clean.verdict == Verdict.PASS, clean.title
+    assert broken.verdict == Verdict.FAIL, broken.title
+    assert clean.evidence["method"] == broken.evidence["method"] == "logprobs"
+    assert broken.metrics["shared_answers_same_text"] == 9
 
 
 # -- multi_turn_consistency --------------------------------------------------------------------
@@ -120,6 +148,13 @@ def test_multi_turn_consistency_fails_a_vlm_that_answers_about_the_first_image(q
     [finding] = run_check(MultiTurnConsistency(), bv.FirstImageOnlyVLM(qwen))
     assert finding.verdict == Verdict.FAIL, finding.title
     assert finding.metrics["shared_last_answers"] == 3
+
+
+def test_multi_turn_consistency_judges_by_logprobs_through_mmchaos_serve(qwen: HFVisionLanguageTarget) -> None:
+    with served(bv.FirstImageOnlyVLM(qwen)) as client:
+        [finding] = run_check(MultiTurnConsistency(), client)
+    assert finding.verdict == Verdict.FAIL, finding.title
+    assert finding.evidence["method"] == "logprobs" and finding.metrics["shared_last_answers"] == 3
 
 
 # -- generation_batch_invariance ---------------------------------------------------------------

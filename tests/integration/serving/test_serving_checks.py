@@ -25,20 +25,11 @@ from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes.targets import HashEmbedTarget
 from tests.support import run_check_class
+from tests.support.serving import FAST
 
 pytestmark = pytest.mark.integration
 
 DATA = make_shapes(16, seed=3)
-# Small, fast experiments: short windows, short phases, few warm-up requests.
-FAST: dict[str, Any] = {
-    "baseline_s": 0.6,
-    "warmup_requests": 4,
-    "concurrency": 2,
-    "max_recovery_s": 2.0,
-    "slo": {"window_s": 0.2, "p99_ms": 1000, "min_window_requests": 2},
-    "budget": {"max_requests": 3000, "max_rate": 150, "max_duration_s": 40},
-    "payload": {"large_side": 128},
-}
 
 
 def mmchaos_threads() -> set[str]:

@@ -23,19 +23,11 @@ from mmchaos.targets.base import Capability
 from mmchaos.targets.openai_http import OpenAITarget
 from tests.fakes.openai_server import FakeConfig, fake_openai_server
 from tests.support import run_check_class
+from tests.support.serving import FAST
 
 pytestmark = pytest.mark.integration
 
 DATA = make_shapes(8, seed=3)
-FAST: dict[str, Any] = {
-    "baseline_s": 0.6,
-    "warmup_requests": 4,
-    "concurrency": 2,
-    "max_recovery_s": 2.0,
-    "slo": {"window_s": 0.2, "p99_ms": 1000, "min_window_requests": 2},
-    "budget": {"max_requests": 3000, "max_rate": 150, "max_duration_s": 40},
-    "payload": {"large_side": 128},
-}
 IMAGE_POISONS = ["malformed_base64", "garbage_image", "truncated_png", "declared_huge", "huge_image"]
 POISON: dict[str, Any] = {**FAST, "poisons": [*IMAGE_POISONS, "invalid_json"], "huge_side": 1536, "poison_s": 1.0}
 # The fake's name for each form, and the probe's.

@@ -23,18 +23,9 @@ from mmchaos.runner import TimedTarget
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message, as_messages
 from tests.fakes.generative import WordsTarget
 from tests.fakes.targets import HashEmbedTarget
+from tests.support.serving import FAST
 
 DATA = make_shapes(16, seed=3)
-
-FAST: dict[str, Any] = {
-    "baseline_s": 0.6,
-    "warmup_requests": 4,
-    "concurrency": 2,
-    "max_recovery_s": 2.0,
-    "slo": {"window_s": 0.2, "p99_ms": 1000, "min_window_requests": 2},
-    "budget": {"max_requests": 3000, "max_rate": 150, "max_duration_s": 40},
-    "payload": {"large_side": 128},
-}
 
 
 def _run(

@@ -54,7 +54,9 @@ def test_an_honest_streaming_target_passes() -> None:
     latency = found["stream latency under load (6 streams, concurrency 2)"].metrics
     assert latency["requests"] == 6 and latency["errors"] == 0 and latency["goodput_ratio"] == 1.0
     assert 0 < latency["ttft_p50_ms"] <= latency["ttft_p95_ms"] and latency["tpot_p50_ms"] > 0
-    assert found["disconnect mid-stream"].metrics["released"] == 1.0
+    disconnect = found["disconnect mid-stream"]
+    assert disconnect.metrics["released"] == 1.0 and disconnect.evidence["method"] == "gauge"
+    assert disconnect.title.endswith("(gauge)")
 
 
 @pytest.mark.check_contract("serving_streaming", "broken")
@@ -66,6 +68,7 @@ def test_a_stream_that_drops_its_last_delta_fails_equivalence() -> None:
     assert first["streamed_chars"] < first["non_streamed_chars"]
 
 
+@pytest.mark.check_contract("serving_streaming", "broken")
 def test_a_model_call_that_outlives_its_client_fails_the_disconnect_probe() -> None:
     target = UninterruptibleStreamTarget(delay=0.005, hold_s=3.0)
     found = by_title(run(target, {"load_requests": 0, "release_timeout_s": 0.5}))
@@ -73,6 +76,7 @@ def test_a_model_call_that_outlives_its_client_fails_the_disconnect_probe() -> N
     probe = found["disconnect mid-stream"]
     assert probe.verdict == Verdict.FAIL, probe.message
     assert probe.metrics["released"] == 0.0 and "holds the slot" in probe.message
+    assert probe.evidence["method"] == "gauge"  # the reference server exports vllm:num_requests_running
     assert probe.metrics["next_request_ok"] == 1.0  # it is answered once the model call ends
 
 

@@ -57,7 +57,10 @@ def test_a_code_has_the_tables_status_and_only_the_origin_can_override_it() -> N
     assert http_status("image_too_large") == status_of("image_too_large") == 413
     assert http_status("no_such_code") == 500  # not in the table: the fallback
     assert http_status("no_such_code", fallback=422) == 422  # e.g. the status of the error's class
-    assert http_status("image_too_large", "request") == 400  # the bare decoder refused the request's image
+    # the bare decoder refused the request's image: the code's own status, guards on or off ...
+    assert http_status("image_too_large", "request") == 413
+    # ... and 400 where the code's status would blame the server for the request's content
+    assert CODES["generate_failed"].status == 500 and http_status("generate_failed", "request") == 400
     assert http_status("http_error", "framework", 418) == 418  # Starlette's own status
 
 

@@ -12,6 +12,12 @@ Three findings:
 - **disconnect**: a client reads the first delta of a long stream and closes the connection; the
   server's ``vllm:num_requests_running`` must return to where it was within ``release_timeout_s``
   and the next request must be answered (a server that keeps generating for nobody holds a slot).
+  A server without that gauge is probed from outside (:mod:`mmchaos.chaos.slot_probe`): every
+  stream it admits at once is held and left (its capacity, up to ``max_probe_streams``, or
+  ``capacity`` when given), then more than that many again one by one, then as many at once must be
+  admitted and answered within the TTFT objective by ``release_timeout_s``. The finding names its
+  method (``gauge`` or ``black-box probe``) and says "the slot was given back" only when one of them
+  showed it.
 
 An in-process target is served by the reference server for the check; an ``openai:`` target is
 used as it is (loopback only unless allowed).
@@ -21,19 +27,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 from pydantic import Field
 
 from mmchaos.chaos.deployment import Deployment
+from mmchaos.chaos.slot_probe import METHOD, leave_mid_stream, probe_slot_release
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.evidence import png_bytes
 from mmchaos.findings import Finding, Severity, Step, Verdict
@@ -56,6 +60,12 @@ class ServingStreamingParams(Params):
     disconnect: bool = Field(True, description="probe a client leaving mid-stream")
     disconnect_max_tokens: int = Field(512, ge=2, le=100_000, description="long enough to still run when left")
     release_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="the slot must be free again within, s")
+    max_probe_streams: int = Field(
+        16, ge=1, le=256, description="without a gauge: the most streams held at once to find the server's capacity"
+    )
+    capacity: int | None = Field(
+        None, ge=1, le=256, description="without a gauge: streams the server holds at once, if known (else probed)"
+    )
     loopback_only: bool = True
     server: ServerConfig = Field(
         default_factory=lambda: ServerConfig.model_validate({}),
@@ -213,44 +223,6 @@ class _Client:
 
     def close(self) -> None:
         self.http.close()
-
-
-#: A content delta with text in it (the role chunk's ``"content": ""`` does not count).
-_FIRST_CONTENT = re.compile(rb'"content"\s*:\s*"[^"]')
-
-
-def _leave_mid_stream(dep: Deployment, body: dict[str, Any], timeout: float) -> tuple[str, str]:
-    """Open a stream on a raw socket, read up to its first content delta, close the connection.
-
-    Returns (outcome, detail): ``left`` (closed mid-stream), ``ended`` (the stream finished first),
-    ``refused`` (no 200), ``failed`` (could not connect).
-    """
-    parts = urlsplit(dep.root)
-    if parts.scheme != "http" or parts.hostname is None:
-        return "failed", f"the raw-socket probe speaks plain http only, not {parts.scheme}"
-    host, port = parts.hostname, parts.port or 80
-    payload = json.dumps(body).encode()
-    headers = {"Host": dep.auth.get("Host", parts.netloc), "Content-Type": "application/json",
-               "Content-Length": str(len(payload))}  # fmt: skip
-    headers.update({k: v for k, v in dep.auth.items() if k != "Host"})
-    head = f"POST {dep.prefix}/chat/completions HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(head.encode("latin-1") + b"\r\n" + payload)
-            seen = b""
-            while _FIRST_CONTENT.search(seen) is None:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                seen += chunk
-                if b"data: [DONE]" in seen:
-                    return "ended", "the stream finished before the client left"
-            status = seen.split(b"\r\n", 1)[0].decode("latin-1", "replace")
-            if " 200 " not in status + " ":
-                return "refused", status[:120] or "no answer"
-    except OSError as exc:
-        return "failed", f"{type(exc).__name__}: {exc}"
-    return "left", "read the first delta and closed the connection"
 
 
 class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
@@ -430,15 +402,16 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         p, g = self.params, self.gate
         contents = self._contents(ctx, 1)
         before = client.running()
+        if before is None:  # no gauge: the black-box probe
+            return self._probe_slots(ctx, dep, client, contents[0])
         max_tokens = p.disconnect_max_tokens
         while True:
-            outcome, detail = _leave_mid_stream(dep, client.body(contents[0], max_tokens, True), p.request_timeout_s)
-            if outcome != "refused" or " 4" not in detail or max_tokens <= 8:
+            outcome, detail = leave_mid_stream(dep, client.body(contents[0], max_tokens, True), p.request_timeout_s)
+            if outcome != "refused" or not _too_long(detail) or max_tokens <= 8:
                 break
-            # A 4xx for a long request is the server refusing max_tokens past its context (as vLLM
-            # does past max_model_len): ask for fewer tokens, still many more than a probe needs.
             max_tokens //= 2
         evidence: dict[str, Any] = {
+            "method": "gauge",
             "outcome": outcome,
             "detail": detail,
             "running_before": before,
@@ -456,20 +429,19 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
         released_after: float | None = None
         running: float | None = None
         t0 = time.perf_counter()
-        if before is not None:
-            deadline = t0 + p.release_timeout_s
-            while True:
-                running = client.running()
-                if running is not None and running <= before:
-                    released_after = time.perf_counter() - t0
-                    break
-                if time.perf_counter() >= deadline:
-                    break
-                time.sleep(0.05)
+        deadline = t0 + p.release_timeout_s
+        while True:
+            running = client.running()
+            if running is not None and running <= before:
+                released_after = time.perf_counter() - t0
+                break
+            if time.perf_counter() >= deadline:
+                break
+            time.sleep(0.05)
         status, _, err = client.complete(contents[0], 1)
         evidence.update(running_after=running, released_after_s=released_after, next_request_status=status)
         problems = []
-        if before is not None and released_after is None:
+        if released_after is None:
             problems.append(
                 f"vllm:num_requests_running stayed at {running} (was {before}) {p.release_timeout_s:g} s after the "
                 "client left: the server goes on generating for nobody and holds the slot"
@@ -478,14 +450,13 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
             problems.append(f"the next request was not answered ({status}: {err[:120]})")
         if problems and g.slot_released:
             verdict, severity = Verdict.FAIL, Severity.HIGH
-        elif before is None:
-            verdict, severity = Verdict.WARN, Severity.LOW
-            problems.append("the server exports no vllm:num_requests_running: only the next request was checked")
+        elif problems:
+            verdict, severity = Verdict.WARN, Severity.LOW  # not gated: reported, not failed
         else:
             verdict, severity = Verdict.PASS, Severity.INFO
         title = ("disconnect mid-stream: the slot was given back"
-                 + (f" in {released_after * 1000:.0f} ms" if released_after is not None else "")
-                 if verdict != Verdict.FAIL else "disconnect mid-stream: the slot was not given back")  # fmt: skip
+                 + (f" in {released_after * 1000:.0f} ms" if released_after is not None else "") + " (gauge)"
+                 if not problems else "disconnect mid-stream: the slot was not given back")  # fmt: skip
         return self.finding(
             ctx, verdict, title, severity=severity,
             metrics={"released": 1.0 if released_after is not None else 0.0,
@@ -494,3 +465,71 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
             suggestion="watch the connection while streaming and abort the request when the client goes "
             "(vLLM aborts on disconnect); stop generating at the next token" if verdict == Verdict.FAIL else "",
         )  # fmt: skip
+
+    def _probe_slots(self, ctx: CheckContext, dep: Deployment, client: _Client, content: Any) -> Finding:
+        """No gauge: hold what the server admits at once, leave it all and more, then ask as many again."""
+        p, g = self.params, self.gate
+        limit = p.capacity + 1 if p.capacity else p.max_probe_streams
+        admit_s = min(g.ttft_slo_ms / 1000.0, p.request_timeout_s)
+        max_tokens = p.disconnect_max_tokens
+        while True:
+            probe = probe_slot_release(
+                dep, client.body(content, max_tokens, True), client.body(content, p.max_tokens, True),
+                limit=limit, admit_s=admit_s, release_s=p.release_timeout_s, answer_s=p.request_timeout_s,
+            )  # fmt: skip
+            if probe.tested or not _too_long(probe.detail) or max_tokens <= 8:
+                break
+            max_tokens //= 2
+        evidence: dict[str, Any] = {"method": METHOD, "max_tokens": max_tokens, "limit": limit, **probe.evidence()}
+        gate = (f"after more clients left mid-stream than the server holds at once, as many new streams are admitted "
+                f"with a first token within {admit_s * 1000:g} ms, within {p.release_timeout_s:g} s")  # fmt: skip
+        metrics = {"released": 1.0 if probe.released and probe.capacity_found else 0.0,
+                   "release_ms": _ms(probe.released_after_s), "capacity": float(probe.capacity),
+                   "disconnected": float(probe.disconnected), "admitted_after": float(probe.admitted_after),
+                   "answered_after": float(probe.answered_after),
+                   "next_request_ok": 1.0 if probe.answered_after else 0.0}  # fmt: skip
+        if not probe.tested:
+            return self.finding(
+                ctx, Verdict.WARN, f"disconnect mid-stream: not tested ({probe.detail})", severity=Severity.LOW,
+                gate=gate, message=probe.detail, metrics=metrics, evidence=evidence,
+                suggestion="raise disconnect_max_tokens so the stream is still running when the client leaves"
+                if "finished" in probe.detail else "",
+            )  # fmt: skip
+        if not probe.released:
+            failed = g.slot_released
+            return self.finding(
+                ctx, Verdict.FAIL if failed else Verdict.WARN, "disconnect mid-stream: the slot was not given back",
+                severity=Severity.HIGH if failed else Severity.LOW, gate=gate, metrics=metrics, evidence=evidence,
+                message=f"after {probe.disconnected} streams were left mid-stream (the server held {probe.capacity} "
+                f"at once), {probe.admitted_after} of {probe.asked_after} new streams were admitted and "
+                f"{probe.answered_after} answered within {p.release_timeout_s:g} s"
+                + (f"; {probe.detail}" if probe.detail else "") + " (black-box probe): the server goes on "
+                "generating for clients that left and holds their slots",
+                suggestion="watch the connection while streaming and abort the request when the client goes "
+                "(vLLM aborts on disconnect); stop generating at the next token",
+            )  # fmt: skip
+        if not probe.capacity_found:
+            return self.finding(
+                ctx, Verdict.WARN,
+                f"disconnect mid-stream: release not shown (black-box probe: the server held all {probe.capacity} "
+                "probe streams at once, so leaked slots would not run out)",
+                severity=Severity.LOW, gate=gate, metrics=metrics, evidence=evidence,
+                message="the server exports no vllm:num_requests_running and holds more streams than the probe "
+                "opens",
+                suggestion="export vllm:num_requests_running, or set capacity (or raise max_probe_streams) to the "
+                "server's concurrent-request limit",
+            )  # fmt: skip
+        return self.finding(
+            ctx, Verdict.PASS,
+            f"disconnect mid-stream: the slot was given back (black-box probe: {probe.disconnected} streams left "
+            f"mid-stream, more than the {probe.capacity} the server holds at once; {probe.capacity} new streams then "
+            "admitted and answered within the TTFT objective)",
+            metrics=metrics, gate=gate, evidence=evidence,
+        )  # fmt: skip
+
+
+def _too_long(detail: str) -> bool:
+    """A 4xx (not 429) for a long request: the server refusing max_tokens past its context (as vLLM does
+    past max_model_len). Ask for fewer tokens, still many more than a probe needs."""
+    status = detail.split(" ")
+    return len(status) > 1 and status[1].startswith("4") and status[1] != "429"
