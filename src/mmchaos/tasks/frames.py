@@ -18,6 +18,7 @@ from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
+from mmchaos.tasks.refusals import answer_each
 
 __all__ = ["FramesVQA", "ask_with_images", "has_frames"]
 
@@ -34,11 +35,12 @@ def ask_with_images(
     params: GenerationParams,
     batch: int,
 ) -> list[str]:
-    """Greedy answers to requests of several images then a question, ``batch`` requests a call."""
+    """Greedy answers to requests of several images then a question, ``batch`` requests a call;
+    a request the target refuses (a typed content refusal) gets an empty answer."""
     requests: list[list[Message]] = [[Message("user", (*imgs, q))] for imgs, q in zip(images, questions, strict=True)]
     out: list[str] = []
     for i in range(0, len(requests), batch):
-        out += [r.text for r in target.generate_batch(requests[i : i + batch], params)]
+        out += answer_each(lambda rs: [r.text for r in target.generate_batch(rs, params)], requests[i : i + batch])[0]
     return out
 
 

@@ -18,6 +18,7 @@ from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
 from mmchaos.tasks.ocr import score_transcriptions
+from mmchaos.tasks.refusals import answer_each
 
 __all__ = ["CaptionCER", "GenerativeOCR", "VQAAccuracy", "ask"]
 
@@ -27,7 +28,9 @@ _GEN = frozenset({Capability.GENERATE})
 def ask(
     target: Target, questions: Sequence[str], images: Sequence[ImageArray | None], params: GenerationParams, batch: int
 ) -> list[str]:
-    """Greedy answers to (image, question) requests, ``batch`` requests a call; no image: text only."""
+    """Greedy answers to (image, question) requests, ``batch`` requests a call; no image: text only.
+    A request the target refuses (a typed content refusal, see :mod:`mmchaos.tasks.refusals`) gets
+    an empty answer, which scores as wrong."""
     if len(images) != len(questions):
         raise ValueError(f"{len(images)} images for {len(questions)} questions")
     out: list[str] = []
@@ -36,7 +39,7 @@ def ask(
             [Message("user", (img, q) if img is not None else q)]
             for img, q in zip(images[i : i + batch], questions[i : i + batch], strict=True)
         ]
-        out += [r.text for r in target.generate_batch(requests, params)]
+        out += answer_each(lambda rs: [r.text for r in target.generate_batch(rs, params)], requests)[0]
     return out
 
 
