@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 pytest_plugins = ["tests.support.cli"]  # suite_file: both halves of test_cli.py use it
 
-REAL_MODEL_FIXTURES = frozenset({"model_dir"})
+REAL_MODEL_FIXTURES = frozenset({"model_dir", "tiny_vlm_dirs"})
 """Fixtures that load a real model: a test that uses one belongs in tests/integration."""
 
 
@@ -98,3 +98,20 @@ def run_cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``family -> directory`` of a tiny random VLM of that family (``mmchaos.targets.tiny_vlms``),
+    built on first use and shared by every test of the session: each family is built once."""
+    pytest.importorskip("transformers")
+    from mmchaos.targets.tiny_vlms import build_tiny_vlm
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_vlm(family, tmp_path_factory.mktemp(f"tiny-vlm-{family}"))
+        return built[family]
+
+    return get

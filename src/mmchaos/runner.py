@@ -64,6 +64,8 @@ class RunConfig:
     data: str | None = None
     seed: int | None = None
     options: TargetOptions = field(default_factory=TargetOptions)
+    reference: str | None = None
+    """The target the deployment is judged against (``--reference``), loaded with its scheme's defaults."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, TargetOptions):  # a plain dict from a Python caller
@@ -76,6 +78,7 @@ class RunConfig:
             "data": self.data,
             "seed": self.seed,
             "target_options": self.options.to_dict(),
+            "reference": self.reference,
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class RunConfig:
             data=data.get("data"),
             seed=data.get("seed"),
             options=TargetOptions(options),
+            reference=data.get("reference"),
         )
 
     @property
@@ -235,6 +239,12 @@ def run_suite(
         resources.close()
         raise
     try:
+        reference = load_target(config.reference) if config.reference else None
+    except BaseException:
+        resources.close()
+        target.close()
+        raise
+    try:
         data_spec = config.data or default_data(target)
         dataset = _load_data(data_spec)
         fingerprint = target.fingerprint().to_dict()
@@ -266,7 +276,7 @@ def run_suite(
         if observer is not None:
             observer.planned([cid for cid, _ in checks], done & {cid for cid, _ in checks})
         pending = [(cid, check) for cid, check in checks if cid not in done]
-        _prepare(pending, target, dataset, config.effective_seed, resources, pool)
+        _prepare(pending, target, dataset, config.effective_seed, resources, pool, reference)
         for key in early - resources.wanted:  # started for a check that turned out not to need it
             resources.discard(key)
         for check_id, check in checks:
@@ -278,7 +288,7 @@ def run_suite(
             store.mark_started(run_id, check_id)
             findings, timed, wall = _run_one(
                 check_id, check, target, dataset, config.effective_seed, progress, resources,
-                executor=pool, journal=StoreJournal(store, run_id, check_id),
+                executor=pool, journal=StoreJournal(store, run_id, check_id), reference=reference,
             )  # fmt: skip
             if pool is not None and pool.error is not None:
                 raise pool.error  # the executor could not open: the run's usage error, not this check's
@@ -295,6 +305,8 @@ def run_suite(
             pool.close()
         resources.close()
         target.close()
+        if reference is not None:
+            reference.close()
     return RunResult(run_id, store.findings(run_id), sorted(done))
 
 
@@ -341,6 +353,7 @@ def _prepare(
     seed: int,
     resources: RunResources,
     executor: Executor | None = None,
+    reference: Target | None = None,
 ) -> None:
     """Let every check that will run start its shared resources in the background (a worker pool
     loading the model overlaps with the in-process checks before the one that needs it)."""
@@ -348,8 +361,9 @@ def _prepare(
         if check.missing_capabilities(target) is not None:
             continue
         ctx = CheckContext(
-            target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources, executor=executor
-        )
+            target=target, dataset=dataset, seed=seed, check_id=check_id, resources=resources, executor=executor,
+            reference=reference,
+        )  # fmt: skip
         try:
             check.prepare(ctx)
         except Exception:  # the check itself will meet (and report) the same problem when it runs
@@ -367,6 +381,7 @@ def _run_one(
     *,
     executor: Executor | None = None,
     journal: StoreJournal | None = None,
+    reference: Target | None = None,
 ) -> tuple[list[Finding], TimedTarget, float]:
     """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
     timed = TimedTarget(target)
@@ -377,7 +392,7 @@ def _run_one(
         return [skipped], timed, 0.0
     ctx = CheckContext(
         target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, resources=resources,
-        executor=executor, journal=journal,
+        executor=executor, journal=journal, reference=reference,
     )  # fmt: skip
     findings: list[Finding] = []
     try:

@@ -136,9 +136,11 @@ def build_siglip2(out: Path, *, positions: int = 64) -> Path:
     return out
 
 
-def build_blip_retrieval(out: Path) -> Path:
-    """A random tiny BlipForImageTextRetrieval checkpoint: AutoModel loads it as BlipModel, whose
-    text tower, projections and logit scale are not in the checkpoint (newly initialised)."""
+def build_blip_retrieval(out: Path, *, saved_as: str | None = None) -> Path:
+    """A random tiny BlipForImageTextRetrieval checkpoint (mmchaos loads it as that class, its ITC
+    head). ``saved_as`` rewrites the architecture its config.json names: the packaging bug of a
+    config that says ``BlipModel`` over retrieval weights, whose text tower, projections and logit
+    scale are then not in the checkpoint (newly initialised)."""
     import torch
 
     transformers = _quiet()
@@ -153,4 +155,8 @@ def build_blip_retrieval(out: Path) -> Path:
     transformers.BlipForImageTextRetrieval(cfg).save_pretrained(str(out))
     _word_tokenizer(out, 32)
     transformers.BlipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(str(out))
+    if saved_as is not None:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        config["architectures"] = [saved_as]
+        (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return out

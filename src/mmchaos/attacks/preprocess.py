@@ -34,6 +34,7 @@ __all__ = [
     "ImagePath",
     "ProcessorMirror",
     "image_path",
+    "not_pixel_grid",
     "processor_mirror",
     "to_images",
     "to_tensor",
@@ -104,6 +105,30 @@ def image_path(target: Target, sample: ImageArray | None = None, *, exact: bool 
     if model is None or processor is None or not hasattr(model, "get_image_features"):
         return None
     return _hf_path(inner, model, processor, sample, exact)
+
+
+def not_pixel_grid(target: Target) -> str | None:
+    """Why ``target``'s image inputs are no pixel grid a white-box attack can differentiate through,
+    or None when they are ``(batch, channels, H, W)``.
+
+    SigLIP 2 (NaFlex) and similar processors cut an image into a sequence of flattened patches with a
+    patch mask and grid shapes: there is no mean/std normalisation over channels to redo in torch,
+    and the tower takes pixels only with the mask and shapes beside them.
+    """
+    preprocess = getattr(unwrap(target), "preprocess_images", None)
+    if preprocess is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in preprocess([np.full((32, 32, 3), 127, np.uint8)]).shape)
+    except Exception:  # the attack's own path decides; this only names patch inputs
+        return None
+    if len(shape) == 4:
+        return None
+    return (
+        f"the target's processor gives image inputs of shape {shape} (flattened patch sequences, with a patch "
+        "mask and grid shapes, as SigLIP 2 does), not (batch, 3, H, W) pixels: there is no pixel grid to "
+        "differentiate through"
+    )
 
 
 def _size(value: Any, key: str) -> Any:

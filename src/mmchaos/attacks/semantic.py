@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mmchaos._lazy import require
+from mmchaos.attacks.preprocess import not_pixel_grid
 
 __all__ = ["MarginResult", "Norm", "PixelForward", "deepfool_margins", "pixel_forward"]
 
@@ -152,6 +153,9 @@ def pixel_forward(target: Any) -> PixelForward | str:
     preprocess = getattr(target, "preprocess_images", None)
     if not hasattr(model, "get_image_features") or preprocess is None:
         return "the target's torch module has no get_image_features, or the target no preprocess_images"
+    patches = not_pixel_grid(target)
+    if patches:
+        return patches
     proc = getattr(target, "image_processor", None)
     normalise = bool(getattr(proc, "do_normalize", False))
     mean = torch.tensor(list(getattr(proc, "image_mean", None) or [0.0, 0.0, 0.0]), dtype=torch.float32)

@@ -26,6 +26,7 @@ for _name, _spec in {
     "thread_safety": "mmchaos.checks.integration.thread_safety:ThreadSafety",
     "determinism": "mmchaos.checks.integration.determinism:Determinism",
     "fingerprint_match": "mmchaos.checks.integration.fingerprint_match:FingerprintMatch",
+    "reference_parity": "mmchaos.checks.integration.reference_parity:ReferenceParity",
     "modality_coverage": "mmchaos.checks.integration.modality_coverage:ModalityCoverage",
     "image_cache_isolation": "mmchaos.checks.integration.image_cache_isolation:ImageCacheIsolation",
     "multi_turn_consistency": "mmchaos.checks.integration.multi_turn_consistency:MultiTurnConsistency",

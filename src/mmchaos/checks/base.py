@@ -107,6 +107,8 @@ class CheckContext:
     """Where finished units are committed, so a resumed run does not compute them again."""
     resources: RunResources | None = None
     """What the run's checks share (reference server, worker pool); None: the check starts its own."""
+    reference: Target | None = None
+    """What the target claims to serve (``validate --reference``), loaded once a run; None: not given."""
 
     def rng(self, *stream: int | str) -> np.random.Generator:
         """A generator seeded by (run seed, check id, stream): independent of run order."""

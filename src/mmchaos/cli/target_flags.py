@@ -121,7 +121,8 @@ def with_target_flags(command: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> R:
-        flags = {name: kwargs.pop(name) for name in FLAG_NAMES}
+        # a call from Python (not Typer) may leave flags out: they take their declared defaults
+        flags = {name: kwargs.pop(name, default) for name, (_, default) in _FLAGS.items()}
         return command(**kwargs, options=gather_options(**flags))
 
     params = [*kinds, *added]

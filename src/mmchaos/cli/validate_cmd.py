@@ -40,6 +40,15 @@ def _validate(
     workers: Annotated[
         int | None, typer.Option("--workers", help="--executor ray: target actors (default: the cluster's CPUs)")
     ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            "--reference",
+            help="judge the target against this one (the checkpoint it serves, e.g. hf:/models/clip): "
+            "reference_parity sends both the same inputs; loaded with its scheme's default options",
+            show_default=False,
+        ),
+    ] = None,
     options: TargetOptions | None = None,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
@@ -51,8 +60,12 @@ def _validate(
             f"({', '.join(sorted(options))})",
             code="config_invalid",
         )
+    if resume is not None and reference is not None:
+        raise ConfigError(f"--resume {resume} runs with the reference it was stored with; drop --reference")
     if resume is None:
         resolve_target_options(target, options)  # an option the scheme does not take: exit 2 before anything runs
+        if reference is not None:
+            resolve_target_options(reference, None)  # an unknown scheme: exit 2 now, not after the target loads
     from mmchaos.cli.progress import CheckProgress
     from mmchaos.cli.summary import print_summary
     from mmchaos.executors import ExecutorSpec
@@ -79,6 +92,7 @@ def _validate(
             data=data,
             seed=seed,
             options=options or TargetOptions(),
+            reference=reference,
         )
     with RunStore(store_path) as store:
         err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")

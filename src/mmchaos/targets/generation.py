@@ -9,7 +9,7 @@ own examples do).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -66,6 +66,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     n: int = 1
     logprobs: bool = True
+    top_logprobs: int = 0
+    """How many of the most likely tokens to give at each step (0: none), where the backend can."""
     user: str | None = None
 
     def __post_init__(self) -> None:
@@ -78,6 +80,8 @@ class GenerationParams:
             problems.append(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.n, int) and 1 <= self.n <= 128):
             problems.append(f"n must be an int in [1, 128], got {self.n!r}")
+        if not (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20):
+            problems.append(f"top_logprobs must be an int in [0, 20], got {self.top_logprobs!r}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
             problems.append("stop must be a tuple of non-empty strings")
         if problems:
@@ -97,6 +101,8 @@ class Completion:
     finish_reason: FinishReason
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[Mapping[int, float], ...] | None = None
+    """The most likely tokens at each step (id -> logprob), where asked (``top_logprobs``) and given."""
 
 
 @dataclass(frozen=True)

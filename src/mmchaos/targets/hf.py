@@ -15,6 +15,7 @@ those a batch needs (``padding``, and ``truncation=True`` where the processor sa
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -24,8 +25,10 @@ import numpy as np
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
+from mmchaos.targets.blip_itc import SAVED_AS as BLIP_RETRIEVAL
+from mmchaos.targets.blip_itc import blip_itc
 from mmchaos.targets.decode import check_image_array
-from mmchaos.targets.hub import directory_fingerprint, local_dir
+from mmchaos.targets.hub import directory_fingerprint, local_dir, quiet_transformers
 
 __all__ = ["HFContrastiveTarget", "usable_positions"]
 
@@ -54,6 +57,15 @@ def usable_positions(model: Any) -> int | None:
             if isinstance(pad, int) and pad >= 0:
                 return positions - pad - 1
     return positions
+
+
+def _saved_architectures(path: Any) -> list[str]:
+    """The ``architectures`` a checkpoint's ``config.json`` says it was saved as (empty if unreadable)."""
+    try:
+        archs = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(a) for a in archs] if isinstance(archs, list) else []
 
 
 def _accepted(fn: Any) -> set[str]:
@@ -143,14 +155,19 @@ class HFContrastiveTarget(Target):
     def _load_model(
         self, transformers: Any, trust_remote_code: bool, use_safetensors: bool, allow_missing: bool
     ) -> Any:
+        saved = _saved_architectures(self.path)
+        # A checkpoint saved as BLIP retrieval is loaded as that class (AutoModel would make it a
+        # BlipModel, whose text tower and projections the checkpoint does not hold).
+        loader = transformers.BlipForImageTextRetrieval if BLIP_RETRIEVAL in saved else transformers.AutoModel
         try:
-            model, info = transformers.AutoModel.from_pretrained(
-                str(self.path),
-                trust_remote_code=trust_remote_code,
-                use_safetensors=use_safetensors,
-                local_files_only=True,
-                output_loading_info=True,
-            )
+            with quiet_transformers():  # its multi-line missing-weights table is ours to tell, in one line
+                model, info = loader.from_pretrained(
+                    str(self.path),
+                    trust_remote_code=trust_remote_code,
+                    use_safetensors=use_safetensors,
+                    local_files_only=True,
+                    output_loading_info=True,
+                )
         except (OSError, ValueError, KeyError) as exc:
             hint = " (weights are loaded from safetensors by default)" if use_safetensors else ""
             raise TargetLoadError(f"cannot load a model from {self.path}: {exc}{hint}") from exc
@@ -179,7 +196,7 @@ class HFContrastiveTarget(Target):
             )
         if fresh:
             log.warning("%s: %d weights newly initialised at load (allowed by the caller)", self.path, fresh)
-        return model
+        return blip_itc(model) if type(model).__name__ == BLIP_RETRIEVAL else model
 
     def _load(self, auto: Any, what: str, trust_remote_code: bool) -> Any:
         try:

@@ -13,6 +13,7 @@ model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,8 +31,8 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
-from mmchaos.targets.hub import directory_fingerprint, read_config
-from mmchaos.targets.vlm_processor import load_processor, render_chat
+from mmchaos.targets.hub import directory_fingerprint, quiet_transformers, read_config
+from mmchaos.targets.vlm_processor import encode, load_processor, render_chat
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -66,6 +67,23 @@ def is_generative_config(config: dict[str, Any]) -> bool:
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def _generate_requires_pixels(model: Any) -> bool:
+    try:
+        param = inspect.signature(model.generate).parameters.get("pixel_values")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _processor_error(exc: BaseException, what: str) -> TargetCallError:
+    """A processor's ValueError is its refusal of the input (``processor_refused``, the request's
+    fault); any other exception (TypeError, AttributeError, ...) is the processor failing on a
+    request it should take (``processor_failed``, the target's fault: a server answers 500)."""
+    if isinstance(exc, ValueError):
+        return TargetCallError(f"the processor refused the {what}: {_one_line(exc)}", code="processor_refused")
+    return TargetCallError(f"the processor failed on the {what}: {_one_line(exc)}", code="processor_failed")
 
 
 class _StopOnText:
@@ -114,13 +132,14 @@ class HFVisionLanguageTarget(Target):
                 code="unsupported_architecture",
             )
         try:
-            model, info = transformers.AutoModelForImageTextToText.from_pretrained(
-                str(self.path),
-                trust_remote_code=trust_remote_code,
-                use_safetensors=use_safetensors,
-                local_files_only=True,
-                output_loading_info=True,
-            )
+            with quiet_transformers():  # its multi-line missing-weights table is ours to tell, in one line
+                model, info = transformers.AutoModelForImageTextToText.from_pretrained(
+                    str(self.path),
+                    trust_remote_code=trust_remote_code,
+                    use_safetensors=use_safetensors,
+                    local_files_only=True,
+                    output_loading_info=True,
+                )
         except Exception as exc:  # transformers raises many types, with multi-KB messages
             hint = " (weights are loaded from safetensors by default)" if use_safetensors else ""
             raise TargetLoadError(f"cannot load {self.architecture} from {self.path}: {_one_line(exc)}{hint}") from None
@@ -136,11 +155,15 @@ class HFVisionLanguageTarget(Target):
         self.tokenizer = self.processor.tokenizer
         if not getattr(self.processor, "chat_template", None):
             raise TargetLoadError(
-                f"{self.architecture} at {self.path} has no chat template (chat_template.jinja/json); "
-                "mmchaos renders requests only through the model's own template",
+                f"{self.architecture} at {self.path} has no chat template: neither its processor nor the directory "
+                "(chat_template.jinja/json) holds one. Families prompted with plain text (BLIP-2's "
+                "'Question: ... Answer:', Florence-2's task tokens) need one saved with the model: mmchaos renders "
+                "requests only through the model's own template, never a prompt form of its own",
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
+        self.requires_image = _generate_requires_pixels(self.model)
+        """Whether the model's ``generate`` takes no request without an image (BLIP-2's)."""
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         self.context_tokens: int | None = int(positions) if positions else None
         """The model's positions: a prompt plus ``max_new_tokens`` past them is refused, as vLLM does."""
@@ -155,10 +178,24 @@ class HFVisionLanguageTarget(Target):
     def _load_processor(self, trust_remote_code: bool) -> Any:
         return load_processor(self.path, trust_remote_code)
 
+    @property
+    def image_token(self) -> str | None:
+        """The processor's image placeholder text (BLIP-2's processor holds it as an ``AddedToken``)."""
+        token = getattr(self.processor, "image_token", None)
+        token = getattr(token, "content", token)
+        return token if isinstance(token, str) and token else None
+
     def _image_token_id(self) -> int | None:
+        """The token the model replaces with image features: its config's (``image_token_id`` or
+        ``image_token_index``), else the processor's. They differ on Gemma 3, whose processor's
+        ``image_token_id`` is the start-of-image marker (one per image) and not the soft tokens."""
+        for key in ("image_token_id", "image_token_index"):
+            value = getattr(self.model.config, key, None)
+            if isinstance(value, int) and 0 <= value < len(self.tokenizer):
+                return value
         token_id = getattr(self.processor, "image_token_id", None)
         if token_id is None:
-            token = getattr(self.processor, "image_token", None)
+            token = self.image_token
             token_id = self.tokenizer.convert_tokens_to_ids(token) if token else None
         return int(token_id) if isinstance(token_id, int) else None
 
@@ -177,16 +214,26 @@ class HFVisionLanguageTarget(Target):
         messages = as_messages(prompt, images, max_pixels=self.max_image_pixels)
         text = self.render(messages)
         pictures = [img for m in messages for img in m.images()]
+        self._check_placeholders([text], [pictures])
         try:
-            if pictures:
-                batch = self.processor(text=[text], images=[pictures], return_tensors="pt")
-            else:
-                batch = self.processor(text=[text], return_tensors="pt")
+            batch = encode(self.processor, [text], [pictures], return_tensors="pt")
         except Exception as exc:  # processors raise ValueError, IndexError, TypeError, ...
-            raise TargetCallError(
-                f"the processor refused the request: {_one_line(exc)}", code="processor_refused"
-            ) from None
+            raise _processor_error(exc, "request") from None
         return {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+    def _check_placeholders(self, texts: Sequence[str], pictures: Sequence[Sequence[ImageArray]]) -> None:
+        """More image placeholders than images (a user who typed one) is the request's fault: refused
+        here, before the processor, whose error for it would not say whose fault it is."""
+        token = self.image_token
+        if not token:
+            return
+        for i, (text, imgs) in enumerate(zip(texts, pictures, strict=True)):
+            if text.count(token) > len(imgs):
+                where = f"request {i} of {len(texts)}: " if len(texts) > 1 else ""
+                raise TargetCallError(
+                    f"{where}the prompt has {text.count(token)} image placeholders ({token}) for {len(imgs)} images",
+                    code="processor_refused",
+                )
 
     def count_image_tokens(self, inputs: dict[str, Any]) -> int | None:
         """How many image placeholder tokens the processor put into ``inputs`` (None if unknown)."""
@@ -214,6 +261,15 @@ class HFVisionLanguageTarget(Target):
                 yield
 
         return seeded()
+
+    def _check_image_given(self, inputs: dict[str, Any]) -> None:
+        """A model whose ``generate`` cannot run without pixels (BLIP-2, InstructBLIP) refuses a
+        text-only request as the request's fault (``image_required``), before the model."""
+        if self.requires_image and inputs.get("pixel_values") is None:
+            raise TargetCallError(
+                f"{self.architecture} answers only requests with an image (its generate requires pixel_values)",
+                code="image_required",
+            )
 
     def _check_context(self, prompt_len: int, params: GenerationParams) -> None:
         if self.context_tokens is not None and prompt_len + params.max_new_tokens > self.context_tokens:
@@ -249,6 +305,7 @@ class HFVisionLanguageTarget(Target):
         params = params or GenerationParams()
         inputs = self.build_inputs(prompt, images)
         prompt_len = int(inputs["input_ids"].shape[1])
+        self._check_image_given(inputs)
         kwargs = self._generate_kwargs(params, prompt_len)
         kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
@@ -273,18 +330,22 @@ class HFVisionLanguageTarget(Target):
         chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
         texts = [self.render(c) for c in chats]
         pictures = [[img for m in c for img in m.images()] for c in chats]
+        self._check_placeholders(texts, pictures)
         try:
-            kwargs: dict[str, Any] = {"padding": True, "padding_side": self.padding_side, "return_tensors": "pt"}
-            if any(pictures):
-                batch = self.processor(text=texts, images=pictures, **kwargs)
-            else:
-                batch = self.processor(text=texts, **kwargs)
+            batch = encode(self.processor, texts, pictures, padding=True, padding_side=self.padding_side,
+                           return_tensors="pt")  # fmt: skip
         except Exception as exc:
-            raise TargetCallError(
-                f"the processor refused the batch: {_one_line(exc)}", code="processor_refused"
-            ) from None
+            raise _processor_error(exc, "batch") from None
         inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
         prompt_len = int(inputs["input_ids"].shape[1])
+        if len(chats) > 1:  # name the request that does not fit, not the padded batch
+            lengths = inputs["attention_mask"].sum(-1)
+            longest = int(lengths.argmax())
+            try:
+                self._check_context(int(lengths[longest]), params)
+            except TargetCallError as exc:
+                raise TargetCallError(f"request {longest} of {len(chats)}: {exc.message}", code=exc.code) from None
+        self._check_image_given(inputs)
         gen_kwargs = self._generate_kwargs(params, prompt_len)
         gen_kwargs.update(return_dict_in_generate=True, output_logits=True)
         with self._lock, self._rng(params.seed), self.torch.inference_mode():
@@ -317,6 +378,7 @@ class HFVisionLanguageTarget(Target):
         if params.n != 1:
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         inputs = self.build_inputs(prompt, images)
+        self._check_image_given(inputs)
         kwargs = self._generate_kwargs(params, int(inputs["input_ids"].shape[1]))
         streamer = transformers.TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         failure: list[BaseException] = []
@@ -359,10 +421,17 @@ class HFVisionLanguageTarget(Target):
         new = out.sequences[:, prompt_len:].to("cpu")
         steps = len(out.logits)
         logprobs = None
+        tops: list[list[dict[int, float]]] | None = None
         if params.logprobs and steps:
             stacked = torch.stack([s.float() for s in out.logits], dim=1).to("cpu")  # (rows, steps, vocab)
             picked = stacked.log_softmax(-1).gather(-1, new[:, :steps, None].long())[..., 0]
             logprobs = picked.tolist()
+            if params.top_logprobs:
+                values, ids_k = stacked.log_softmax(-1).topk(params.top_logprobs, dim=-1)
+                tops = [
+                    [dict(zip(i_row, v_row, strict=True)) for i_row, v_row in zip(ir, vr, strict=True)]
+                    for ir, vr in zip(ids_k.tolist(), values.tolist(), strict=True)
+                ]
         eos = self._eos_ids()
         rows = []
         for r in range(new.shape[0]):
@@ -382,7 +451,10 @@ class HFVisionLanguageTarget(Target):
                     end = self._tokens_until_stop(ids, params.stop)
                     ids = ids[:end]
             lp = None if logprobs is None else tuple(float(x) for x in logprobs[r][: len(ids)])
-            rows.append(Completion(text=text, finish_reason=finish, token_ids=tuple(ids), logprobs=lp))
+            top = None if tops is None else tuple(tops[r][: len(ids)])
+            rows.append(
+                Completion(text=text, finish_reason=finish, token_ids=tuple(ids), logprobs=lp, top_logprobs=top)
+            )
         return rows
 
     def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
@@ -405,7 +477,7 @@ class HFVisionLanguageTarget(Target):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         cls = type(self.processor)
-        processor = cls.__mro__[1].__name__ if cls.__name__ == "_ImagesOnly" else cls.__name__
+        processor = getattr(cls, "images_only_of", cls.__name__)
         out["model"] = {"architecture": self.architecture, "model_type": self.model_type, "processor": processor,
                         "image_token_id": self.image_token_id}  # fmt: skip
         return out

@@ -6,14 +6,17 @@ scheme's dispatch between them. Never downloads: a hub id must already be in the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mmchaos.errors import TargetLoadError
 from mmchaos.guard.artefacts import Fingerprint, component_hashes, package_versions
 
-__all__ = ["directory_fingerprint", "local_dir", "read_config"]
+__all__ = ["directory_fingerprint", "local_dir", "quiet_transformers", "read_config"]
 
 
 def local_dir(source: str) -> Path:
@@ -49,3 +52,16 @@ def directory_fingerprint(path: Path) -> Fingerprint:
         **component_hashes(path),
         versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
     )
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings held back for a load: its report of missing or unexpected weights is
+    a multi-line table, and mmchaos states the same facts in one line (a refusal or a warning)."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from mmchaos._lazy import require
 from mmchaos.errors import TargetLoadError
 from mmchaos.targets.generation import Message
 
-__all__ = ["expected_prompt_tokens", "load_processor", "processor_facts", "render_chat"]
+__all__ = ["encode", "expected_prompt_tokens", "load_processor", "needs_image", "processor_facts", "render_chat"]
 
 # Processor and image-processor attributes that decide how an image becomes tokens.
 _PROCESSOR_KEYS = (
@@ -50,40 +51,127 @@ def load_processor(path: Path, trust_remote_code: bool = False) -> Any:
     transformers = require("transformers")
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     try:
-        return transformers.AutoProcessor.from_pretrained(str(path), **kwargs)
+        return with_saved_template(transformers.AutoProcessor.from_pretrained(str(path), **kwargs), path)
     except Exception as exc:
         first = exc
+    second = ""
     if importlib.util.find_spec("torchvision") is None:
-        with contextlib.suppress(Exception):
-            return _processor_without_video(path, transformers, kwargs)
-    raise TargetLoadError(f"cannot load the processor of {path}: {_one_line(first)}") from None
+        try:
+            return with_saved_template(_processor_without_video(path, transformers, kwargs), path)
+        except TargetLoadError:
+            pass  # not a processor with a video part: the first error is the one to tell
+        except Exception as exc:  # the family's processor refuses to build (a missing package, ...)
+            second = f"; built without its video part: {type(exc).__name__}: {_one_line(exc)}"
+    if not second and "torchvision" in str(first).lower() and importlib.util.find_spec("torchvision") is None:
+        raise TargetLoadError(
+            f"cannot load the processor of {path}: its image processor needs torchvision, which is not installed "
+            f"(transformers has no PIL version of it); install the torchvision build that matches torch "
+            f"{_torch_version()} to test this family",
+            code="missing_dependency",
+        ) from None
+    raise TargetLoadError(f"cannot load the processor of {path}: {_one_line(first)}{second}") from None
+
+
+def _torch_version() -> str:
+    try:
+        return str(require("torch").__version__)
+    except Exception:  # torch is there whenever a processor is loaded; the message must not fail
+        return "(not installed)"
+
+
+def saved_template(path: Path) -> str | None:
+    """The chat template saved in ``path`` (``chat_template.jinja``, else ``chat_template.json``)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        text = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if text.strip():
+            return text
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        value = json.loads((path / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def with_saved_template(processor: Any, path: Path) -> Any:
+    """``processor`` with the chat template saved beside it where it came back without one: some
+    processor classes (BLIP-2, InstructBLIP, Kosmos-2, Florence-2 in transformers 5) do not read
+    the template file their directory holds, though it is the model's."""
+    if not getattr(processor, "chat_template", None):
+        template = saved_template(path)
+        if template is not None:
+            with contextlib.suppress(AttributeError):
+                processor.chat_template = template
+    return processor
 
 
 def _processor_without_video(path: Path, transformers: Any, kwargs: dict[str, Any]) -> Any:
-    saved = {}
-    for name in ("processor_config.json", "preprocessor_config.json"):
+    saved: dict[str, Any] = {}
+    for name in ("preprocessor_config.json", "processor_config.json"):  # the processor's own keys win
         with contextlib.suppress(OSError, ValueError):
             saved.update(json.loads((path / name).read_text(encoding="utf-8")))
     base = getattr(transformers, str(saved.get("processor_class", "")), None)
     if base is None or "video_processor" not in base.get_attributes():
         raise TargetLoadError(f"no known processor class in {path}")
+    template_file = path / "chat_template.jinja"
+    template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
+    return images_only(base)(
+        image_processor=transformers.AutoImageProcessor.from_pretrained(str(path), **kwargs),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(str(path), **kwargs),
+        video_processor=None,
+        chat_template=template,
+        **processor_init_keys(base, path),
+    )
 
-    class _ImagesOnly(base):  # type: ignore[misc, valid-type]
+
+def processor_init_keys(base: Any, path: Path) -> dict[str, Any]:
+    """Every key of ``path``'s ``processor_config.json`` that ``base``'s constructor names (its
+    image-token count, feature strategy, image token...), as ``from_pretrained`` would pass them.
+
+    Only the keys the constructor names: the file also holds keys the processor class writes for
+    itself (``processor_class``) or its parts' settings, which the constructor would reject.
+    """
+    try:
+        saved = json.loads((path / "processor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    own = {"image_processor", "tokenizer", "video_processor", "chat_template", "self"}
+    named = set(inspect.signature(base.__init__).parameters) - own
+    return {k: v for k, v in saved.items() if k in named} if isinstance(saved, dict) else {}
+
+
+class _NoVideoProcessor:
+    """Stands where a processor reads its video processor when it was built without one: the
+    family's own code reads its defaults (SmolVLM2's ``apply_chat_template`` reads ``num_frames``
+    and ``fps`` for every chat, video or not), and a video request gets a one-line refusal."""
+
+    num_frames = None
+    fps = None
+    model_input_names: tuple[str, ...] = ()
+    _auto_class = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("videos need torchvision, which is not installed (this processor was built for images only)")
+
+
+def images_only(base: Any) -> Any:
+    """``base`` (a processor class with a video part) as built with ``video_processor=None``."""
+
+    class ImagesOnly(base):  # type: ignore[misc]
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
             if argument_name == "video_processor" and argument is None:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    template_file = path / "chat_template.jinja"
-    template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
-    extra = {k: v for k, v in saved.items() if k in ("image_seq_len", "patch_size", "num_additional_image_tokens")}
-    return _ImagesOnly(
-        image_processor=transformers.AutoImageProcessor.from_pretrained(str(path), **kwargs),
-        tokenizer=transformers.AutoTokenizer.from_pretrained(str(path), **kwargs),
-        video_processor=None,
-        chat_template=template,
-        **extra,
-    )
+        @property
+        def video_processor(self) -> Any:
+            return self.__dict__.get("video_processor") or _NoVideoProcessor()
+
+        @video_processor.setter
+        def video_processor(self, value: Any) -> None:
+            self.__dict__["video_processor"] = value
+
+    ImagesOnly.images_only_of = base.__name__
+    return ImagesOnly
 
 
 def render_chat(processor: Any, messages: Sequence[Message]) -> str:
@@ -132,12 +220,41 @@ def processor_facts(processor: Any) -> dict[str, Any]:
     return facts
 
 
+def needs_image(processor: Any) -> bool:
+    """Whether ``processor`` refuses text without an image (PaliGemma's demands one with every
+    prompt) while its tokenizer takes the text: such a processor's text-only requests are encoded
+    by the tokenizer alone, as the family's text-only prompts are. Decided once per processor."""
+    known = getattr(processor, "_mmchaos_needs_image", None)
+    if isinstance(known, bool):
+        return known
+    try:
+        processor(text=["a"], return_tensors="np")
+        answer = False
+    except Exception:  # processors raise ValueError, TypeError, ...: the tokenizer decides below
+        tokenizer = getattr(processor, "tokenizer", None)
+        try:
+            answer = tokenizer is not None and bool(len(tokenizer(["a"])["input_ids"][0]))
+        except Exception:
+            answer = False
+    with contextlib.suppress(AttributeError):
+        processor._mmchaos_needs_image = answer
+    return answer
+
+
+def encode(processor: Any, texts: Sequence[str], images: Sequence[Sequence[Any]], **kwargs: Any) -> Any:
+    """The processor's model inputs for rendered ``texts`` with their ``images`` (one list per text):
+    image placeholders expanded; text-only batches through the tokenizer where the processor
+    demands an image (:func:`needs_image`)."""
+    if any(images):
+        return processor(text=list(texts), images=[list(i) for i in images], **kwargs)
+    if needs_image(processor):
+        return processor.tokenizer(list(texts), **kwargs)
+    return processor(text=list(texts), **kwargs)
+
+
 def expected_prompt_tokens(processor: Any, messages: Sequence[Message]) -> int:
     """How many prompt tokens ``processor`` makes of ``messages``: template rendered, images expanded."""
     text = render_chat(processor, messages)
     pictures = [img for m in messages for img in m.images()]
-    if pictures:
-        batch = processor(text=[text], images=[pictures], return_tensors="np")
-    else:
-        batch = processor(text=[text], return_tensors="np")
+    batch = encode(processor, [text], [pictures], return_tensors="np")
     return int(batch["input_ids"].shape[1])

@@ -20,6 +20,7 @@ from mmchaos.targets.generation import GenerationParams
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
 from mmchaos.tasks.frames import ask_with_images
+from mmchaos.tasks.generative import Answers
 
 __all__ = ["DocumentQA", "has_documents", "request_pages"]
 
@@ -59,16 +60,26 @@ class DocumentQA(Task):
     ) -> TaskResult:
         questions = texts if texts is not None else [s.question or "" for s in dataset]
         params = GenerationParams(max_new_tokens=self.max_new_tokens, logprobs=False)
-        preds: list[str] = []
+        preds = Answers()
         for i in range(0, len(dataset), self.batch_size):  # one batch of documents rendered at a time
             rows = range(i, min(i + self.batch_size, len(dataset)))
             pages = [request_pages(dataset[j], images[j] if images is not None else None) for j in rows]
-            preds += ask_with_images(target, [questions[j] for j in rows], pages, params, self.batch_size)
-        return self._score(dataset, preds)
+            got = ask_with_images(target, [questions[j] for j in rows], pages, params, self.batch_size)
+            preds.refused.update({i + k: code for k, code in got.refused.items()})
+            preds += got
+        result = self._score(dataset, preds)
+        result.extra.update(preds.refusal_extra())
+        return result
 
     def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
-        """Scored again over every shard's answers (the per-kind accuracies are not shard means)."""
-        return self._score(dataset, [o for p in parts for o in p.outputs])
+        """Scored again over every shard's answers (the per-kind accuracies are not shard means);
+        the refused share is a mean over samples, weighed by shard size."""
+        result = self._score(dataset, [o for p in parts for o in p.outputs])
+        if parts and all("refused_rate" in p.extra for p in parts):
+            sizes = [len(p.per_sample) for p in parts]
+            rates = sum(p.extra["refused_rate"] * n for p, n in zip(parts, sizes, strict=True))
+            result.extra["refused_rate"] = rates / max(1, sum(sizes))
+        return result
 
     @staticmethod
     def _score(dataset: Dataset, preds: list[str]) -> TaskResult:

@@ -13,33 +13,69 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mmchaos.data.base import Dataset, Sample
+from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
 from mmchaos.tasks.ocr import score_transcriptions
-from mmchaos.tasks.refusals import answer_each
 
-__all__ = ["CaptionCER", "GenerativeOCR", "VQAAccuracy", "ask"]
+__all__ = ["PER_REQUEST_REFUSALS", "Answers", "CaptionCER", "GenerativeOCR", "VQAAccuracy", "ask"]
 
 _GEN = frozenset({Capability.GENERATE})
+
+PER_REQUEST_REFUSALS = frozenset(
+    {"context_exceeded", "processor_refused", "bad_content_part", "image_too_large", "image_required"}
+)
+"""Codes by which a target refuses one request it cannot take (too long once its images are
+expanded, an image its processor refuses): that request is answered with nothing and counted,
+never a reason to stop scoring the others."""
+
+
+class Answers(list[str]):
+    """Answers in request order; ``refused`` maps the index of each request the target refused
+    (:data:`PER_REQUEST_REFUSALS`) to its code (its answer is the empty string)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: dict[int, str] = {}
+
+    def refusal_extra(self) -> dict[str, float]:
+        """The share of requests refused, as a task metric extra (a mean over samples, so shards combine)."""
+        return {"refused_rate": len(self.refused) / len(self) if self else 0.0}
 
 
 def ask(
     target: Target, questions: Sequence[str], images: Sequence[ImageArray | None], params: GenerationParams, batch: int
-) -> list[str]:
+) -> Answers:
     """Greedy answers to (image, question) requests, ``batch`` requests a call; no image: text only.
-    A request the target refuses (a typed content refusal, see :mod:`mmchaos.tasks.refusals`) gets
-    an empty answer, which scores as wrong."""
+
+    A batch the target refuses for one of its requests is asked again one request at a time, so
+    a request it cannot take (:data:`PER_REQUEST_REFUSALS`) is refused alone and counted in
+    :attr:`Answers.refused`; any other error propagates.
+    """
     if len(images) != len(questions):
         raise ValueError(f"{len(images)} images for {len(questions)} questions")
-    out: list[str] = []
+    out = Answers()
     for i in range(0, len(questions), batch):  # one batch of images decoded at a time
         requests: list[list[Message]] = [
             [Message("user", (img, q) if img is not None else q)]
             for img, q in zip(images[i : i + batch], questions[i : i + batch], strict=True)
         ]
-        out += answer_each(lambda rs: [r.text for r in target.generate_batch(rs, params)], requests)[0]
+        try:
+            out += [r.text for r in target.generate_batch(requests, params)]
+            continue
+        except TargetCallError as exc:
+            if exc.code not in PER_REQUEST_REFUSALS:
+                raise
+        for j, request in enumerate(requests):
+            try:
+                out.append(target.generate_batch([request], params)[0].text)
+            except TargetCallError as exc:
+                if exc.code not in PER_REQUEST_REFUSALS:
+                    raise
+                out.refused[i + j] = exc.code
+                out.append("")
     return out
 
 
@@ -71,11 +107,22 @@ class VQAAccuracy(Task):
         imgs: Sequence[ImageArray | None] = images if images is not None else dataset.images()
         questions = texts if texts is not None else [s.question or "" for s in dataset]
         params = GenerationParams(max_new_tokens=self.max_new_tokens, logprobs=False)
-        return self._score(dataset, ask(target, questions, imgs, params, self.batch_size))
+        answers = ask(target, questions, imgs, params, self.batch_size)
+        result = self._score(dataset, answers)
+        result.extra.update(answers.refusal_extra())
+        return result
 
     def combine(self, dataset: Dataset, parts: Sequence[TaskResult]) -> TaskResult:
-        """Scored again over every shard's answers (the per-kind accuracies are not shard means)."""
-        return self._score(dataset, [o for p in parts for o in p.outputs])
+        """Scored again over every shard's answers (the per-kind accuracies are not shard means);
+        the refused share is a mean over samples, weighed by shard size."""
+        result = self._score(dataset, [o for p in parts for o in p.outputs])
+        if parts and all("refused_rate" in p.extra for p in parts):
+            sizes = [len(p.per_sample) for p in parts]
+            total = max(1, sum(sizes))
+            result.extra["refused_rate"] = (
+                sum(p.extra["refused_rate"] * n for p, n in zip(parts, sizes, strict=True)) / total
+            )
+        return result
 
     @staticmethod
     def _score(dataset: Dataset, preds: list[str]) -> TaskResult:

@@ -111,6 +111,7 @@ class Grounding(Task):
         if ious:
             extra["mean_iou"] = float(np.mean(ious))
             extra["box_parse_rate"] = parsed / len(ious)
+        extra.update(preds.refusal_extra())
         return TaskResult(float(per.mean()) if len(per) else 0.0, per, extra, preds)
 
 

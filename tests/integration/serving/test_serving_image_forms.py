@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 DATA = make_shapes(8, seed=3)
 IMAGE_POISONS = ["malformed_base64", "garbage_image", "truncated_png", "declared_huge", "huge_image"]
-POISON: dict[str, Any] = {**FAST, "poisons": [*IMAGE_POISONS, "invalid_json"], "huge_side": 1536, "poison_s": 1.0}
+POISON: dict[str, Any] = {**FAST, "poisons": [*IMAGE_POISONS, "invalid_json"], "huge_side": 1536, "poison_s": 3.0}
 # The fake's name for each form, and the probe's.
 FORMS = {"messages": "messages", "input_parts": "input", "data_url": "data_url"}
 

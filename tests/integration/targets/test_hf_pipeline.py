@@ -154,21 +154,72 @@ def test_checks_on_an_unfit_processor_say_not_run_and_fingerprint_match_fails(
 # -- issue 11: families and loads ---------------------------------------------------------------------
 
 
-def test_checkpoint_with_missing_weights_is_refused(tmp_path: Path) -> None:
-    path = bm.build_blip_retrieval(tmp_path / "blip")
-    with pytest.raises(TargetLoadError) as err:
-        load_target(f"hf:{path}")
+def test_checkpoint_with_missing_weights_is_refused_in_one_line(tmp_path: Path) -> None:
+    import logging
+
+    import transformers
+
+    path = bm.build_blip_retrieval(tmp_path / "blip", saved_as="BlipModel")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()  # as a user's terminal has it (the fakes build quietly)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with pytest.raises(TargetLoadError) as err:
+            load_target(f"hf:{path}")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+        transformers.logging.set_verbosity(verbosity)
     assert err.value.code == "weights_missing"
-    assert "35 weights" in str(err.value) and "BlipForImageTextRetrieval" in str(err.value)
+    assert "35 weights" in str(err.value) and "saved as BlipModel" in str(err.value)
+    # transformers' multi-line load report (a MISSING/UNEXPECTED table) stays out of the terminal
+    assert not [r.getMessage()[:80] for r in records if "LOAD REPORT" in r.getMessage()]
+
+
+def test_blip_retrieval_loads_as_saved_and_embeds_with_its_itc_head(tmp_path: Path) -> None:
+    import torch
+
+    path = bm.build_blip_retrieval(tmp_path / "blip")
+    target = load_target(f"hf:{path}")
+    assert isinstance(target, HFContrastiveTarget)
+    assert target.load_report["loaded_as"] == "BlipForImageTextRetrieval" and target.load_report["missing_keys"] == 0
+    images = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(2)]
+    texts = ["a red circle", "a blue square"]
+    img, txt = target.embed_images(images), target.embed_texts(texts)
+    assert img.shape == txt.shape == (2, 16) and np.isfinite(img).all() and np.isfinite(txt).all()
+    # the model's own ITC score (forward with use_itm_head=False) is the cosine of these embeddings
+    retrieval = target.model.retrieval  # type: ignore[attr-defined]
+    with torch.inference_mode():
+        own = retrieval(**target.tokenize(texts), pixel_values=target.preprocess_images(images), use_itm_head=False)
+    unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)  # noqa: E731
+    np.testing.assert_allclose(unit(img) @ unit(txt).T, own.itm_score.numpy(), atol=1e-5)
 
 
 def test_missing_weights_opt_in_loads_and_fingerprint_match_still_fails(tmp_path: Path) -> None:
-    path = bm.build_blip_retrieval(tmp_path / "blip")
+    path = bm.build_blip_retrieval(tmp_path / "blip", saved_as="BlipModel")
     target = load_target(f"hf:{path}", TargetOptions(allow_missing_weights=True))
     assert target.load_report["missing_keys"] == 35  # type: ignore[attr-defined]
     [f] = _run(FingerprintMatch(), target)
     assert f.verdict == Verdict.FAIL and f.title.startswith("weights do")
     assert "35 weights" in f.title
+
+
+def test_white_box_image_attacks_skip_siglip2_patch_sequences_with_the_reason(tmp_path: Path) -> None:
+    """SigLIP 2 feeds images as flattened patch sequences (with a mask and grid shapes): the
+    white-box attacks that differentiate through a (B, 3, H, W) pixel grid skip it and say why
+    (semantic_margin used to crash on it: "size of tensor a (4) must match ... b (3)")."""
+    from mmchaos.checks.adversarial.semantic_margin import SemanticMargin, SemanticMarginParams
+    from mmchaos.checks.adversarial.whitebox import WhiteBox, WhiteBoxParams
+
+    target = HFContrastiveTarget(str(bm.build_siglip2(tmp_path / "siglip2")))
+    checks = (SemanticMargin(SemanticMarginParams(samples=4)),
+              WhiteBox(WhiteBoxParams(samples=2, eps=[8], steps=1, masking_queries=4)))  # fmt: skip
+    for check in checks:
+        [f] = _run(check, target)
+        assert f.verdict == Verdict.SKIPPED, (check.name, f.title)
+        assert "patch sequences" in f.title and "(1, 256, 768)" in f.title
 
 
 def test_siglip2_gets_everything_its_processor_returns(tmp_path: Path) -> None:

@@ -262,3 +262,18 @@ def test_a_batch_sampled_perturbation_worst_case_is_rebuilt_from_its_shard() -> 
     cases = findings[-1].evidence["worst_cases"]
     assert cases and all(c["perturbation"] == "ocr_ghosting" for c in cases)
     assert any(c["params"]["ghost_of"] > 0 for c in cases), "a case whose ghost is another item of its shard"
+
+
+def test_a_pipeline_broken_from_its_first_request_fails_the_clean_floor() -> None:
+    """BGR fed as RGB: every relative gate is measured from the broken clean score, the floor is not."""
+    from tests.fakes.parity import shape_colour_bgr
+
+    findings = _run(shape_colour_bgr(), **{**NOISE, "perturbations": ["gaussian_noise"], "severities": [1]})
+    (floor,) = [f for f in findings if "floor" in f.metrics]
+    assert floor.verdict is Verdict.FAIL and floor.metrics["clean"] < floor.metrics["floor"] == 0.5
+    assert "tiny-clip" in floor.evidence["floor_from"]
+    correct = _run(fakes.ShapeColourTarget(), **{**NOISE, "perturbations": ["gaussian_noise"], "severities": [1]})
+    (ok,) = [f for f in correct if "floor" in f.metrics]
+    assert ok.verdict is Verdict.PASS
+    off = _run(shape_colour_bgr(), gate=RobustnessGate(min_clean_score=0), perturbations=["gaussian_noise"])
+    assert not [f for f in off if "floor" in f.metrics]

@@ -1,4 +1,5 @@
-"""A typed refusal of a perturbed request scores as a wrong answer; a serving failure still raises."""
+"""A request refused for its content scores as a wrong answer, in the multi-image tasks too; a
+serving failure still raises."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mmchaos.data.vqa import make_vqa
 from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Capability, Fingerprint, Target
 from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message, as_messages
+from mmchaos.tasks.frames import ask_with_images
 from mmchaos.tasks.generative import VQAAccuracy
 
 DATA = make_vqa(6, seed=0)
@@ -51,3 +53,11 @@ def test_a_serving_failure_is_not_a_wrong_answer() -> None:
     with pytest.raises(TargetCallError) as info:
         VQAAccuracy().evaluate(ShortContextVLM(code="timeout"), DATA, texts=texts)
     assert info.value.code == "timeout"
+
+
+def test_a_document_request_past_the_context_is_refused_alone() -> None:
+    page = np.zeros((8, 8, 3), np.uint8)
+    questions = [DATA[0].question or "", "filler " * 20, DATA[2].question or ""]
+    got = ask_with_images(ShortContextVLM(), questions, [[page, page]] * 3, GenerationParams(), batch=3)
+    assert list(got) == [DATA[0].answer, "", DATA[2].answer] and got.refused == {1: "context_exceeded"}
+    assert got.refusal_extra() == {"refused_rate": 1 / 3}

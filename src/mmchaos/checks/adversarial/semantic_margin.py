@@ -73,7 +73,7 @@ class SemanticMargin(Check[SemanticMarginParams, SemanticMarginGate]):
             return
         path = pixel_forward(ctx.target)
         if isinstance(path, str):
-            yield self.finding(ctx, Verdict.SKIPPED, "semantic margin: no differentiable image path", message=path)
+            yield self.finding(ctx, Verdict.SKIPPED, f"semantic margin not run: {path}", message=path)
             return
         classes = list(data.classes)
         prompts = [data.prompt_template.format(c) for c in classes]

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 from mmchaos.attacks.gradient import AttackConfig, AttackStats, eps_label, eps_values
 from mmchaos.attacks.judge import Judge
 from mmchaos.attacks.plan import batches, by_shape
-from mmchaos.attacks.preprocess import ImagePath, image_path
+from mmchaos.attacks.preprocess import ImagePath, image_path, not_pixel_grid
 from mmchaos.attacks.units import (
     AttackPlan,
     PgdOutcome,
@@ -100,8 +100,8 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
             yield self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
             return
         if kind is None or path is None:
-            why = "the target gives no differentiable image path" if path is None and kind else (
-                "no image task fits this dataset (needs labels or captions)")  # fmt: skip
+            no_path = not_pixel_grid(ctx.target) or "the target gives no differentiable image path"
+            why = no_path if path is None and kind else "no image task fits this dataset (needs labels or captions)"
             yield self.finding(ctx, Verdict.SKIPPED, f"white-box attack not run: {why}", message=why)
             return
         judge = Judge(ctx.target, data, batch_size=p.batch_size)

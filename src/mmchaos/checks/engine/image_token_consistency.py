@@ -77,14 +77,22 @@ class ImageTokenConsistency(Check[ImageTokenConsistencyParams, ImageTokenConsist
     def _expansion(self, ctx: CheckContext, a: Any, b: Any, params: GenerationParams) -> Finding:
         q = self.params.question
         results = {name: ctx.target.generate(q, imgs, params) for name, imgs in
-                   (("a", [a]), ("b", [b]), ("ab", [a, b]), ("none", []))}  # fmt: skip
-        counts = {k: r.extra.get("image_tokens") for k, r in results.items()}
+                   (("a", [a]), ("b", [b]), ("ab", [a, b]))}  # fmt: skip
         evidence: dict[str, Any] = {"part": "expansion", "seed": ctx.seed}
+        try:
+            results["none"] = ctx.target.generate(q, [], params)
+        except TargetCallError as exc:  # a model that answers only with an image may refuse it, typed
+            if exc.code == "generate_failed":
+                raise
+            evidence["no_image"] = {"refused": exc.code, "message": exc.message[:200]}
+        counts = {k: r.extra.get("image_tokens") for k, r in results.items()}
+        if "none" not in counts:
+            counts["none"] = 0  # refused before the model: no image tokens reached it
         if all(isinstance(v, int) for v in counts.values()):
             c: dict[str, int] = {k: int(v) for k, v in counts.items() if isinstance(v, int)}
             basis, expected, got = "image tokens", c["a"] + c["b"], c["ab"]
             ok = got == expected and c["none"] == 0 and c["a"] > 0 and c["b"] > 0
-        elif all(r.prompt_tokens is not None for r in results.values()):
+        elif "none" in results and all(r.prompt_tokens is not None for r in results.values()):
             c = {k: int(r.prompt_tokens or 0) for k, r in results.items()}
             basis, expected, got = "prompt tokens", c["a"] + c["b"] - c["none"], c["ab"]
             ok = got == expected and c["a"] > c["none"] and c["b"] > c["none"]

@@ -408,10 +408,15 @@ def vlm_consistency(target: Target, model_dir: str | None) -> tuple[list[tuple[s
     facts["prompt_tokens_model_dir"] = {"text": expected[0], "one_image": expected[1]}
     params = GenerationParams(max_new_tokens=1, logprobs=False)
     try:
-        got = (
-            target.generate(text_request, params=params).prompt_tokens,
-            target.generate(image_request, params=params).prompt_tokens,
-        )
+        text_tokens: int | None = target.generate(text_request, params=params).prompt_tokens
+    except MMChaosError as exc:  # a model that answers only with an image (BLIP-2) refuses it, typed
+        if exc.code != "image_required":
+            problems.append((_TEMPLATE, f"a text request fails ({exc.code}: {exc.message[:200]})"))
+            return problems, facts, "chat template and processor compared with the model directory"
+        facts["prompt_tokens_note"] = "text-only requests refused (image_required): one-image counts compared"
+        text_tokens = expected[0]
+    try:
+        got = (text_tokens, target.generate(image_request, params=params).prompt_tokens)
     except MMChaosError as exc:
         problems.append(("processor", f"a one-image request fails ({exc.code}: {exc.message[:200]}); the model "
                                       f"directory's processor makes it {expected[1]} prompt tokens"))  # fmt: skip

@@ -121,6 +121,13 @@ class RobustnessGate(Gate):
         0.6, ge=0.0, le=1.0, description="sensitivity probes: share of samples where the model prefers the truth"
     )
     min_score: float | None = Field(None, ge=0.0, le=1.0, description="the robustness score must reach this")
+    min_clean_score: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="the clean task metric must reach this (default: chance on labelled data, or what the built-in "
+        "model's score says on built-in data; 0 turns it off)",
+    )
 
 
 @dataclass
@@ -200,6 +207,9 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             for name in clean_tasks:
                 task = tasks.REGISTRY.get(name)(batch_size=p.batch_size)
                 clean[name] = (task, task.combine(sweep.data, [r.result for r in take(len(sweep.shards))]))
+                floor = self._floor(ctx, sweep.data, name, task, clean[name][1])
+                if floor is not None:
+                    yield floor
             for job in jobs:
                 if job.task is None:
                     yield self._sensitivity(ctx, sweep, job.pert, take(len(job.units)))
@@ -223,6 +233,30 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             )
         if any(o.in_score for o in outcomes):
             yield self._summary(ctx, sweep, outcomes, cases, skipped, constraint)
+
+    def _floor(self, ctx: CheckContext, data: Dataset, name: str, task: Task, clean: TaskResult) -> Finding | None:
+        """A clean score under its absolute floor fails: relative gates measured from it prove nothing."""
+        from mmchaos.tasks.floors import default_floor
+
+        given = self.gate.min_clean_score
+        floor, why = (
+            (given, "the suite's min_clean_score") if given is not None else (default_floor(name, data) or (None, ""))
+        )
+        if floor is None or not task.higher_is_better or given == 0:
+            return None
+        chance = why.startswith("chance")
+        below = clean.metric <= floor if chance else clean.metric < floor
+        verdict = Verdict.FAIL if below else Verdict.PASS
+        return self.finding(
+            ctx, verdict,
+            f"clean {name} {clean.metric:.3f} {'is under' if below else 'reaches'} its floor {floor:.3f} ({why})",
+            severity=Severity.HIGH if below else Severity.INFO,
+            metrics={"clean": clean.metric, "floor": floor},
+            evidence={"task": name, "floor_from": why},
+            message="every relative gate below is measured from this clean score" if below else "",
+            suggestion="the pipeline is broken before any perturbation: check channel order, normalisation, "
+            "the weights loaded (reference_parity with --reference names which)" if below else "",
+        )  # fmt: skip
 
     # --- planning (on the driver: no image is loaded here) ---------------------------------------
 

@@ -1,0 +1,214 @@
+"""The family matrix: every generative VLM family ``mmchaos.targets.tiny_vlms`` builds (tiny random
+weights from config, no downloads) loads through ``hf:``, runs the checks that exercise its quirks
+with no harness error, and answers one served chat request, plain and streamed.
+
+The checks are the few that reach each family's quirk: image-token consistency (text-only and
+mismatched requests through the family's processor), fingerprint_match (its processor rebuilt and
+compared with the directory, text-only and one-image prompt counts), missing_modality (no image,
+image only) and a two-perturbation robustness sweep on four samples (batched generation through the
+processor). The supported-families table in docs/vlm.md is the one this matrix holds: its rows are
+parsed here, so the table cannot drift from what loads.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmchaos.checks import REGISTRY
+from mmchaos.data import load_dataset
+from mmchaos.findings import Finding, Verdict
+from mmchaos.targets import load_target
+from mmchaos.targets.generation import GenerationParams
+from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+from mmchaos.targets.tiny_vlms import FAMILIES
+from tests.fakes import broken_models as bm
+from tests.fakes import broken_targets as bt
+from tests.paths import DOCS
+from tests.support import run_check_class
+
+pytestmark = pytest.mark.integration
+
+DOC = DOCS / "vlm.md"
+DATA = load_dataset("builtin:vqa?n=4&seed=0")
+IMG = np.random.default_rng(3).integers(0, 255, (40, 50, 3), dtype=np.uint8)
+
+#: The matrix's checks: few samples, the fewest that still reach each family's quirk.
+CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("image_token_consistency", {"max_new_tokens": 2}),
+    ("fingerprint_match", {"samples": 8}),
+    ("missing_modality", {"questions": 1, "image_size": 32, "max_new_tokens": 4}),
+    ("robustness", {"samples": 4, "severities": [3], "perturbations": ["gaussian_noise", "keyboard_typo"]}),
+)
+
+
+#: Contrastive families: the builders of the fakes (tiny random models from config), as ``hf:`` loads them.
+CONTRASTIVE: dict[str, Callable[[Path], Path]] = {
+    "clip": lambda out: bt.build_tiny_clip(out),
+    "siglip2": lambda out: bm.build_siglip2(out),
+    "altclip": lambda out: bm.build_altclip(out),
+    "blip_retrieval": lambda out: bm.build_blip_retrieval(out),
+}
+SHAPES = load_dataset("builtin:shapes?n=8&seed=0")
+CONTRASTIVE_CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("semantic_margin", {"samples": 4}),
+    ("adversarial_whitebox", {"samples": 2, "eps": [8], "steps": 1, "masking_queries": 4}),
+)
+
+
+class Row(NamedTuple):
+    architecture: str
+    processor: str
+    quirk: str
+
+
+def doc_table(name: str = "families") -> dict[str, Row]:
+    """The rows of one of docs/vlm.md's families tables (between its two marker comments)."""
+    text = DOC.read_text(encoding="utf-8")
+    body = text.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+    rows: dict[str, Row] = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        rows[cells[0].strip("`")] = Row(cells[1].strip("`"), cells[2].strip("`"), cells[3])
+    return rows
+
+
+def test_the_docs_tables_list_exactly_the_families_built() -> None:
+    table = doc_table()
+    assert sorted(table) == sorted(FAMILIES), "docs/vlm.md's families table and tiny_vlms.FAMILIES differ"
+    contrastive = doc_table("contrastive")
+    assert sorted(contrastive) == sorted(CONTRASTIVE), "docs/vlm.md's contrastive table and CONTRASTIVE differ"
+    assert all(row.quirk for row in [*table.values(), *contrastive.values()])
+
+
+def _png_url(image: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _served(target: HFVisionLanguageTarget) -> tuple[dict[str, Any], str]:
+    """One chat request with an image, answered plain and streamed by a real server on loopback."""
+    from mmchaos.server import ServerConfig, ServerThread
+
+    body = {"model": "tiny", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(IMG)}},
+                                                      {"type": "text", "text": "What colour is it?"}]}]}  # fmt: skip
+    with ServerThread(target, ServerConfig(model_name="tiny")) as srv:
+        plain = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
+        assert plain.status_code == 200, plain.text
+        pieces = []
+        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        pieces.append(choice.get("delta", {}).get("content") or "")
+    return plain.json(), "".join(pieces)
+
+
+def _no_harness_errors(findings: list[Finding]) -> None:
+    errors = [f"{f.check}: {f.title}" for f in findings if f.verdict == Verdict.ERROR]
+    assert not errors, errors
+    unexplained = [f.check for f in findings if f.verdict == Verdict.SKIPPED and len(f.title.split()) < 3]
+    assert not unexplained, f"skipped without a reason: {unexplained}"
+    texts = json.dumps([f.evidence for f in findings], default=str) + " ".join(f.title for f in findings)
+    assert "Traceback" not in texts
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_loads_checks_and_serves(family: str, tiny_vlm_dirs: Any) -> None:
+    if family == "smolvlm2":  # the torch extra installs it; an older environment may lack it
+        pytest.importorskip("num2words", reason="SmolVLM2's processor needs num2words (pip install num2words)")
+    row = doc_table()[family]
+    path: Path = tiny_vlm_dirs(family)
+    target = load_target(f"hf:{path}")
+    try:
+        assert isinstance(target, HFVisionLanguageTarget)
+        described = target.describe()["model"]
+        assert (described["architecture"], described["processor"]) == (row.architecture, row.processor)
+        findings: list[Finding] = []
+        for name, params in CHECKS:
+            findings += run_check_class(REGISTRY.get(name), target, params, data=DATA)
+        _no_harness_errors(findings)
+        assert {f.check for f in findings} == {name for name, _ in CHECKS}
+        answer, streamed = _served(target)
+        text = answer["choices"][0]["message"]["content"]
+        assert streamed == text  # the streamed pieces join to the plain answer
+        assert text == target.generate("What colour is it?", [IMG], GenerationParams(max_new_tokens=4)).text
+    finally:
+        target.close()
+
+
+def test_gemma3_counts_the_soft_tokens_each_image_becomes_not_its_marker(tiny_vlm_dirs: Any) -> None:
+    """Gemma 3's processor names the start-of-image marker as its image token (one per image); the
+    model replaces ``mm_tokens_per_image`` soft tokens with features: those are the image tokens."""
+    target = load_target(f"hf:{tiny_vlm_dirs('gemma3')}")
+    try:
+        assert isinstance(target, HFVisionLanguageTarget)
+        per_image = target.model.config.mm_tokens_per_image
+        one = target.generate("What is it?", [IMG], GenerationParams(max_new_tokens=1))
+        two = target.generate("Compare them.", [IMG, IMG], GenerationParams(max_new_tokens=1))
+        assert (one.extra["image_tokens"], two.extra["image_tokens"]) == (per_image, 2 * per_image)
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize("family", sorted(CONTRASTIVE))
+def test_contrastive_family_loads_checks_and_serves(family: str, tmp_path: Path) -> None:
+    from mmchaos.server import ServerConfig, ServerThread
+    from mmchaos.targets.hf import HFContrastiveTarget
+
+    row = doc_table("contrastive")[family]
+    target = load_target(f"hf:{CONTRASTIVE[family](tmp_path / family)}")
+    try:
+        assert isinstance(target, HFContrastiveTarget)
+        assert (target.load_report["loaded_as"], type(target.image_processor).__name__) == (
+            row.architecture,
+            row.processor,
+        )
+        findings: list[Finding] = []
+        for name, params in CONTRASTIVE_CHECKS:
+            findings += run_check_class(REGISTRY.get(name), target, params, data=SHAPES)
+        _no_harness_errors(findings)
+        body = {"model": "tiny", "input": ["a red circle", {"type": "image_url", "image_url": {"url": _png_url(IMG)}}]}
+        with ServerThread(target, ServerConfig(model_name="tiny")) as srv:
+            resp = httpx.post(f"{srv.url}/v1/embeddings", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        got = np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got[0], target.embed_texts(["a red circle"])[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1], target.embed_images([IMG])[0], rtol=1e-4, atol=1e-5)
+    finally:
+        target.close()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed: transformers builds it"
+)
+def test_a_family_whose_image_processor_needs_torchvision_is_refused_in_one_line(tmp_path: Path) -> None:
+    """LFM2-VL's image processor exists only in transformers' torchvision backend (Mistral 3's
+    Pixtral too where its PIL version is missing): without torchvision, one line saying so."""
+    from mmchaos.errors import TargetLoadError
+    from mmchaos.targets.tiny_vlms import byte_tokenizer
+    from mmchaos.targets.vlm_processor import load_processor
+
+    byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>").save_pretrained(tmp_path)
+    saved = {"image_processor_type": "Lfm2VlImageProcessor", "processor_class": "Lfm2VlProcessor"}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor"}))
+    with pytest.raises(TargetLoadError) as err:
+        load_processor(tmp_path)
+    assert err.value.code == "missing_dependency" and "needs torchvision" in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
