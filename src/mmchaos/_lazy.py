@@ -17,6 +17,8 @@ _EXTRA_OF = {
     "rapidocr_onnxruntime": "ocr",
     "onnxruntime": "onnx",
     "onnx": "onnx",
+    "pypdfium2": "pdf",
+    "reportlab": "pdf",
 }
 
 

@@ -630,7 +630,7 @@ def embeddings_mix(
     if not chosen:
         raise DataError(f"dataset {dataset.name} is empty", code="data_empty")
     bodies: dict[str, list[bytes]] = {}
-    images = [s for s in chosen if s.image is not None or s.image_path is not None]
+    images = [s for s in chosen if s.has_image]
     if images:
         for kind, side, fmt in (("image_small", small_side, "png"), ("image_large", large_side, "jpeg")):
             bodies[kind] = [

@@ -91,7 +91,7 @@ def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> Payl
         return json.dumps(chat_body(dep.model, content, max_tokens=spec.max_tokens, temperature=0)).encode()
 
     bodies: dict[str, list[bytes]] = {}
-    images = [s for s in chosen if s.image is not None or s.image_path is not None]
+    images = [s for s in chosen if s.has_image]
     if images:
         bodies["chat_image"] = [
             body(

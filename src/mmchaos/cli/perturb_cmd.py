@@ -1,4 +1,7 @@
-"""``mmchaos perturb``: list the catalog, perturb one image or text, or draw a contact sheet.
+"""``mmchaos perturb``: list the catalog, perturb one image, text or PDF, or draw a contact sheet.
+
+A PDF is rendered with PDFium at ``--dpi`` (the ``pdf`` extra); ``--page`` picks one page, and
+``-o OUT.pdf`` writes the perturbed pages as a scanned-looking PDF (Pillow's PDF writer).
 
 A thin layer over :mod:`mmchaos.perturb`; every error is a :class:`~mmchaos.errors.UsageError`
 (one line, exit code 2). Registered on the main app by :func:`register`.
@@ -47,6 +50,10 @@ def perturb_command(
     group: Annotated[list[str] | None, typer.Option("--group", "-g", help="gallery: only these groups")] = None,
     names: Annotated[list[str] | None, typer.Option("--names", help="gallery: only these perturbations")] = None,
     cell: Annotated[int, typer.Option("--cell", help="gallery: cell size in pixels", min=32, max=512)] = 112,
+    page: Annotated[
+        int | None, typer.Option("--page", help="PDF input: only this page (1-based); default all", min=1)
+    ] = None,
+    dpi: Annotated[int, typer.Option("--dpi", help="PDF input: render resolution", min=36, max=600)] = 200,
 ) -> None:
     """Perturb an image or a text; --list the catalog; --gallery draw a contact sheet."""
     if list_:
@@ -61,7 +68,10 @@ def perturb_command(
     if name is None:
         raise UsageError("give --name (see `mmchaos perturb --list`), --list or --gallery")
     if (source is None) == (text is None):
-        raise UsageError("give an input: an image or .txt file, or --text 'literal text' (not both)")
+        raise UsageError("give an input: an image, .pdf or .txt file, or --text 'literal text' (not both)")
+    if source is not None and source.suffix.lower() == ".pdf":
+        _perturb_pdf(source, page, dpi, name, severity, seed, out, record, replay)
+        return
     _perturb_one(source, text, name, severity, seed, out, record, replay)
 
 
@@ -136,6 +146,60 @@ def _perturb_one(
             raise UsageError("give -o OUT.png (or .jpg, .webp, ...) for the perturbed image")
         _write_image(out, result)
     typer.echo(f"wrote {out} ({name}, severity {applied.severity}, seed {seed})")
+
+
+def _perturb_pdf(
+    source: Path,
+    page: int | None,
+    dpi: int,
+    name: str,
+    severity: int,
+    seed: int,
+    out: Path | None,
+    record: Path | None,
+    replay: Path | None,
+) -> None:
+    """Render the chosen pages, perturb them as one batch, write an image (one page) or a PDF."""
+    from mmchaos import perturb
+    from mmchaos.data.pdf import page_count, render_page
+    from mmchaos.perturb import Modality
+
+    pert = perturb.get(name)
+    if pert.modality != Modality.IMAGE:
+        raise UsageError(f"{name} perturbs {pert.modality.value}s; the pages of a PDF are images")
+    if out is None:
+        raise UsageError("give -o OUT.pdf for the perturbed pages (or -o OUT.png with --page N)")
+    count = page_count(source)
+    if page is not None and page > count:
+        raise UsageError(f"{source} has no page {page} (it has {count})")
+    numbers = [page] if page is not None else list(range(1, count + 1))
+    to_pdf = out.suffix.lower() == ".pdf"
+    if not to_pdf and len(numbers) != 1:
+        raise UsageError(f"{source} has {count} pages: give --page N to write one as an image, or -o OUT.pdf")
+    pages = [render_page(source, n - 1, dpi) for n in numbers]
+    outputs, applied = (
+        pert.replay(pages, _read_record(replay)) if replay is not None else pert(pages, severity, rng=seed)
+    )
+    if record is not None:
+        record.write_text(json.dumps(applied.to_dict(), indent=2, ensure_ascii=False), "utf-8")
+    if to_pdf:
+        _write_pdf(out, list(outputs), dpi)
+    else:
+        _write_image(out, outputs[0])
+    what = f"page {numbers[0]}" if len(numbers) == 1 else f"{len(numbers)} pages"
+    typer.echo(f"wrote {out} ({what} of {source.name} at {dpi} dpi, {name}, severity {applied.severity}, seed {seed})")
+
+
+def _write_pdf(path: Path, pages: list[Any], dpi: int) -> None:
+    from PIL import Image
+
+    arrays = [np.asarray(p) for p in pages]
+    images = [Image.fromarray(np.ascontiguousarray(a if a.ndim == 2 else a[..., :3])) for a in arrays]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        images[0].save(path, format="PDF", save_all=True, append_images=images[1:], resolution=float(dpi))
+    except OSError as exc:
+        raise DataError(f"cannot write {path}: {exc}", code="data_unwritable") from exc
 
 
 def _read_text(path: Path) -> str:

@@ -24,7 +24,7 @@ def _validate(
     target: Annotated[str, typer.Option("--target", "-t", help="target URI")] = "builtin:tiny-clip",
     suite: Annotated[str, typer.Option("--suite", "-s", help="built-in suite name or YAML file")] = "prelaunch",
     data: Annotated[
-        str | None, typer.Option("--data", "-d", help="builtin:shapes, builtin:textlines, a folder, .csv or .jsonl")
+        str | None, typer.Option("--data", "-d", help="builtin:NAME (see list datasets), a folder, .csv, .jsonl, .pdf")
     ] = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="report folder")] = DEFAULT_OUT,
     store_path: StoreOpt = DEFAULT_STORE,

@@ -1,11 +1,12 @@
-"""Datasets: the built-in generators (``builtin:shapes``, ``textlines``, ``vqa``, ``frames``, ``grounding``)
-and user files."""
+"""Datasets: the built-in generators (``builtin:shapes``, ``textlines``, ``vqa``, ``frames``, ``grounding``,
+``documents``) and user files (a folder, CSV, JSONL, or a PDF)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+from mmchaos._lazy import require
 from mmchaos.data.base import Dataset, Sample
 from mmchaos.errors import DataError
 
@@ -17,6 +18,7 @@ BUILTIN_DATASETS = {
     "vqa": "questions about the shapes images (colour, shape, position, count; some empty) with short answers",
     "frames": "clips of 4 shapes frames with a question that needs more than one frame (which, how many, frame k)",
     "grounding": "images of 2-3 shapes: where is the X (a box, scored by IoU) and what is in box B",
+    "documents": "multi-page PDF reports with tables at 200 dpi: a page's cell, total, region; compare two pages",
 }
 
 
@@ -73,11 +75,30 @@ def _builtin(spec: str) -> Dataset:
                 f"builtin:grounding takes n, seed and split=train|val|test; got {query!r}", code="data_bad_spec"
             )
         return make_grounding(n or 100, seed=seed, split=split)
+    if name == "documents":
+        return _documents(opts, n, seed, query)
     raise DataError(f"unknown built-in dataset {name!r} (known: {', '.join(BUILTIN_DATASETS)})", code="data_bad_spec")
 
 
+def _documents(opts: dict[str, str], n: int | None, seed: int, query: str) -> Dataset:
+    from mmchaos.data.documents import make_documents
+    from mmchaos.data.pdf import pdfium
+
+    try:
+        pages, dpi = int(opts.pop("pages", 4)), int(opts.pop("dpi", 200))
+    except ValueError as exc:
+        raise DataError(f"bad options in builtin:documents?{query}: {exc}", code="data_bad_spec") from exc
+    if opts or not 2 <= pages <= 8 or not 72 <= dpi <= 300:
+        raise DataError(
+            f"builtin:documents takes n, seed, pages=2-8 and dpi=72-300; got {query!r}", code="data_bad_spec"
+        )
+    require("reportlab")
+    pdfium()  # both libraries, before any sample is made: one install hint, not a traceback
+    return make_documents(n or 12, seed=seed, pages=pages, dpi=dpi)
+
+
 def load_dataset(spec: str) -> Dataset:
-    """``builtin:NAME[?n=..&seed=..]``, a folder of class subfolders, or a .csv/.jsonl file."""
+    """``builtin:NAME[?n=..&seed=..]``, a folder of class subfolders, a .csv/.jsonl file or a .pdf."""
     if spec.startswith("builtin:"):
         return _builtin(spec.removeprefix("builtin:"))
     path = Path(spec).expanduser()
@@ -93,4 +114,6 @@ def load_dataset(spec: str) -> Dataset:
         return files.load_jsonl(path)
     if path.suffix.lower() == ".csv":
         return files.load_csv(path)
-    raise DataError(f"{path}: unsupported dataset file (use a folder, .csv or .jsonl)", code="data_bad_spec")
+    if path.suffix.lower() == ".pdf":
+        return files.load_pdf(path)
+    raise DataError(f"{path}: unsupported dataset file (use a folder, .csv, .jsonl or .pdf)", code="data_bad_spec")

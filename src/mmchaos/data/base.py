@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from mmchaos.data.images import ImageLoadError, load_image
 from mmchaos.errors import DataError
+
+if TYPE_CHECKING:
+    from mmchaos.data.pdf import PdfPage
 
 __all__ = ["Dataset", "LazyImages", "Sample", "load_image_file"]
 
@@ -46,10 +49,18 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
     question: str | None = None
     answer: str | None = None
+    page: PdfPage | None = None
+    """A page of a PDF, rendered when the image is loaded (documents: bytes, not pixels, in memory)."""
+
+    @property
+    def has_image(self) -> bool:
+        return self.image is not None or self.image_path is not None or self.page is not None
 
     def load_image(self) -> ImageArray:
         if self.image is not None:
             return self.image
+        if self.page is not None:
+            return self.page.render()
         if self.image_path is None:
             raise DataError(f"sample {self.id} has no image", code="data_no_image")
         return load_image_file(self.image_path)
@@ -97,7 +108,7 @@ class Dataset(Sequence[Sample]):
 
     @property
     def has_images(self) -> bool:
-        return all(s.image is not None or s.image_path is not None for s in self.samples)
+        return all(s.has_image for s in self.samples)
 
     @property
     def has_labels(self) -> bool:

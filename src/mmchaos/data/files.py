@@ -2,7 +2,10 @@
 
 Rows carry ``image`` (a path, relative to the file's folder), and any of ``caption`` (for
 retrieval), ``label`` (for zero-shot classification), ``text`` (an OCR transcription) and
-``question`` with ``answer`` (visual question answering on generative targets). Every
+``question`` with ``answer`` (visual question answering on generative targets). An ``image``
+that is a ``.pdf`` is a document: ``page`` (1-based, default 1) names the page the row is about,
+and a generative target is asked with every page of it (``document_qa``). A ``.pdf`` given as the
+dataset itself is one sample per page, its text layer the reference transcription. Every
 problem names the file and line; nothing is skipped silently.
 """
 
@@ -17,10 +20,10 @@ from mmchaos.data.base import Dataset, Sample
 from mmchaos.data.images import ImageLoadError, probe_image
 from mmchaos.errors import DataError
 
-__all__ = ["IMAGE_SUFFIXES", "load_csv", "load_folder", "load_jsonl"]
+__all__ = ["IMAGE_SUFFIXES", "load_csv", "load_folder", "load_jsonl", "load_pdf"]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
-FIELDS = ("image", "caption", "label", "text", "question", "answer", "id")
+FIELDS = ("image", "caption", "label", "text", "question", "answer", "id", "page")
 _TEXT_FIELDS = ("caption", "label", "text", "question", "answer")
 
 
@@ -54,6 +57,10 @@ def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> S
     if all(values[k] is None for k in ("caption", "label", "text", "question")):
         raise DataError(f"{where}: a row needs at least one of caption, label, text, question", code="data_bad_row")
     path = (base / image).resolve() if not Path(image).is_absolute() else Path(image)
+    if path.suffix.lower() == ".pdf":
+        return _document_row(row, path, values, where, index)
+    if row.get("page") not in (None, ""):
+        raise DataError(f"{where}: 'page' is for a .pdf image", code="data_bad_row")
     _check_image(path, where)
     return Sample(
         id=str(row.get("id") or f"{index}"),
@@ -64,6 +71,57 @@ def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> S
         question=values["question"],
         answer=values["answer"],
     )
+
+
+def _document_row(row: dict[str, Any], path: Path, values: dict[str, str | None], where: str, index: int) -> Sample:
+    """A row about page ``page`` of a PDF; the request carries every page of it."""
+    from mmchaos.data.pdf import PdfPage, page_count
+
+    if not path.is_file():
+        raise DataError(f"{where}: PDF file not found: {path}", code="data_missing_file")
+    raw = row.get("page") or 1
+    try:
+        number = int(raw)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: 'page' must be a page number, got {raw!r}", code="data_bad_row") from None
+    try:
+        count = page_count(path)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc.message}", code=exc.code) from exc
+    if not 1 <= number <= count:
+        raise DataError(f"{where}: {path.name} has no page {number} (it has {count})", code="data_bad_row")
+    pages = [PdfPage(path, i) for i in range(count)]
+    return Sample(
+        id=str(row.get("id") or f"{index}"),
+        page=pages[number - 1],
+        caption=values["caption"],
+        label=values["label"],
+        text=values["text"],
+        question=values["question"],
+        answer=values["answer"],
+        meta={"pages": pages},
+    )
+
+
+def load_pdf(path: Path) -> Dataset:
+    """A PDF as a dataset: one sample per page, the page's text layer as its transcription."""
+    from mmchaos.data.pdf import PdfPage, page_texts
+
+    texts = page_texts(path)
+    if not texts:
+        raise DataError(f"{path}: the PDF has no pages", code="data_empty")
+    if not any(texts):
+        raise DataError(
+            f"{path}: no page has a text layer to score against; give a .jsonl whose rows name the PDF, "
+            "a page and a question with its answer",
+            code="data_empty",
+        )
+    pages = [PdfPage(path, i) for i in range(len(texts))]
+    samples = [
+        Sample(id=f"{path.name}#page={i + 1}", page=p, text=t, meta={"pages": pages})
+        for i, (p, t) in enumerate(zip(pages, texts, strict=True))
+    ]
+    return Dataset(name=path.stem, samples=samples, source=str(path))
 
 
 def _finish(name: str, samples: list[Sample], source: Path) -> Dataset:

@@ -306,6 +306,41 @@ def _header_only(width: int, height: int, colour_type: int) -> Callable[[CorpusB
     return build
 
 
+_A4_300DPI = (3508, 2480, 3)  # an A4 page scanned at 300 dpi: 26 million elements, well inside int32
+_A0_1200DPI = (56_173, 39_732, 3)  # an A0 poster at 1200 dpi: 6.7e9 elements, past int32 (000)
+_MINIMAL_PDF = (
+    b"%PDF-1.4\n1 0 obj <</Type /Catalog /Pages 2 0 R>> endobj\n"
+    b"2 0 obj <</Type /Pages /Kids [3 0 R] /Count 1>> endobj\n"
+    b"3 0 obj <</Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Contents 4 0 R>> endobj\n"
+    b"4 0 obj <</Length 44>> stream\nBT /F1 24 Tf 72 770 Td (Quarterly report) Tj ET\nendstream endobj\n"
+    b"trailer <</Root 1 0 R>>\n%%EOF\n"
+)
+
+
+def _pdf_upload(base: CorpusBase) -> Payload:
+    return Payload(
+        _MINIMAL_PDF,
+        filename="scan.pdf",
+        media_type="application/pdf",
+        note="a client that uploads the PDF itself where a page image is expected",
+    )
+
+
+def _scanned_page(base: CorpusBase) -> Payload:
+    """A white A4 page at 300 dpi: the base picture as a figure, ruled lines as a table."""
+    from PIL import Image
+
+    width = _A4_300DPI[1]
+    page = np.full(_A4_300DPI, 255, np.uint8)
+    figure = np.asarray(to_pil(base.image).resize((width // 3, width // 3), Image.Resampling.BILINEAR))
+    page[300 : 300 + figure.shape[0], 300 : 300 + figure.shape[1]] = figure[..., :3]
+    for row in range(1600, 2800, 120):
+        page[row : row + 4, 300 : width - 300] = 0
+    for col in range(300, width - 299, 470):
+        page[1600:2684, col : col + 4] = 0
+    return Payload(save(to_pil(page), "PNG"), filename="page_a4_300dpi.png", media_type="image/png")
+
+
 def _animated(fmt: str) -> Callable[[CorpusBase], Payload]:
     def build(base: CorpusBase) -> Payload:
         frames = [
@@ -464,6 +499,33 @@ CASES: tuple[Case, ...] = (
         "a zero-stride uint8 array 1x715827883x3: only the channel product overflows",
         _array(_view(_THIN)),
         _THIN,
+    ),
+    # -- the document path of 000: PDFs and the page images made from them
+    Case(
+        "document_pdf_bytes",
+        "document",
+        "image_bytes",
+        "reject",
+        "a PDF file sent where an image is expected",
+        _pdf_upload,
+    ),
+    Case(
+        "document_page_a4_300dpi",
+        "document",
+        "image_bytes",
+        "either",
+        "an A4 page scanned at 300 dpi (2480x3508 PNG, 26 million elements)",
+        _scanned_page,
+        _A4_300DPI,
+    ),
+    Case(
+        "int32_document_page_a0_1200dpi",
+        "int32",
+        "image_bytes",
+        "reject",
+        "a PNG header declaring an A0 page at 1200 dpi (39732x56173 RGB, 6.7e9 elements)",
+        _header_only(_A0_1200DPI[1], _A0_1200DPI[0], 2),
+        _A0_1200DPI,
     ),
     # -- Pillow modes that occur in the wild
     Case("mode_1", "mode", "image_bytes", "equivalent", "a 1-bit PNG", _mode_png("1")),

@@ -20,14 +20,16 @@ for _name, _spec in {
     "caption_cer": "mmchaos.tasks.generative:CaptionCER",
     "frames_vqa": "mmchaos.tasks.frames:FramesVQA",
     "grounding": "mmchaos.tasks.grounding:Grounding",
+    "document_qa": "mmchaos.tasks.documents:DocumentQA",
 }.items():
     REGISTRY.register(_name, _spec)
 
 # Preference order of tasks when the perturbed modality is image or text, or a multimodal
-# perturbation moves frame sequences or boxes (a grounding set also answers as ``vqa``: grounding first).
+# perturbation moves frame sequences or boxes (a grounding set also answers as ``vqa``: grounding first;
+# a documents set too: document_qa, which sends every page, before vqa, which would send one).
 _PREFERENCE = {
-    "image": ("ocr", "zero_shot", "retrieval_i2t", "grounding", "vqa", "vlm_ocr"),
-    "text": ("retrieval_t2i", "grounding", "frames_vqa", "vqa"),
+    "image": ("ocr", "zero_shot", "retrieval_i2t", "grounding", "document_qa", "vqa", "vlm_ocr"),
+    "text": ("retrieval_t2i", "grounding", "frames_vqa", "document_qa", "vqa"),
     "frames": ("frames_vqa",),
     "boxes": ("grounding",),
 }

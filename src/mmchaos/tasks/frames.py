@@ -14,10 +14,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mmchaos.data.base import Dataset
+from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
+from mmchaos.tasks.generative import PER_REQUEST_REFUSALS, Answers
 
 __all__ = ["FramesVQA", "ask_with_images", "has_frames"]
 
@@ -33,12 +35,31 @@ def ask_with_images(
     images: Sequence[Sequence[ImageArray]],
     params: GenerationParams,
     batch: int,
-) -> list[str]:
-    """Greedy answers to requests of several images then a question, ``batch`` requests a call."""
+) -> Answers:
+    """Greedy answers to requests of several images then a question, ``batch`` requests a call.
+
+    As :func:`~mmchaos.tasks.generative.ask`: a batch refused for one of its requests is asked again
+    a request at a time, and a request the target cannot take (``PER_REQUEST_REFUSALS``: four pages
+    and a question past a small model's positions) is answered with nothing and counted.
+    """
     requests: list[list[Message]] = [[Message("user", (*imgs, q))] for imgs, q in zip(images, questions, strict=True)]
-    out: list[str] = []
+    out = Answers()
     for i in range(0, len(requests), batch):
-        out += [r.text for r in target.generate_batch(requests[i : i + batch], params)]
+        chunk = requests[i : i + batch]
+        try:
+            out += [r.text for r in target.generate_batch(chunk, params)]
+            continue
+        except TargetCallError as exc:
+            if exc.code not in PER_REQUEST_REFUSALS:
+                raise
+        for j, request in enumerate(chunk):
+            try:
+                out.append(target.generate_batch([request], params)[0].text)
+            except TargetCallError as exc:
+                if exc.code not in PER_REQUEST_REFUSALS:
+                    raise
+                out.refused[i + j] = exc.code
+                out.append("")
     return out
 
 

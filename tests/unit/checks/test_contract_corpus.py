@@ -71,7 +71,7 @@ def test_corpus_is_deterministic_and_complete() -> None:
     for wanted in ("zero_byte", "decompression_bomb", "size_20000x20000", "mode_I16_png", "mode_CMYK_jpeg",
                    "exif_orientation_8", "animated_webp", "array_nan", "text_invalid_utf8", "text_emoji"):  # fmt: skip
         assert wanted in names
-    assert sum(c.over_int32 for c in CASES) == 4
+    assert sum(c.over_int32 for c in CASES) == 5
     for case in CASES:
         if case.kind == "image_array":
             continue  # arrays are compared below
@@ -106,6 +106,14 @@ def test_default_decoder_rejects_what_it_must_with_stable_codes() -> None:
     assert codes["random_bytes"] == codes["html_error_page"] == "image_undecodable"
     assert codes["decompression_bomb"] == "image_too_large"
     assert codes["int32_png_50000x50000"] == codes["int32_png_46341x46341"] == "element_count_overflow"
+    assert codes["int32_document_page_a0_1200dpi"] == "element_count_overflow"
+    assert codes["document_pdf_bytes"] == "image_undecodable"
+
+
+def test_a_scanned_page_decodes_whole() -> None:
+    page = Target().decode_image(get_case("document_page_a4_300dpi").build(BASE).data)
+    assert page.shape == (3508, 2480, 3)
+    assert int(page[0, 0].min()) == 255 and int(page[1600, 1000].max()) == 0  # white margin, a table rule
 
 
 def test_default_decoder_decodes_valid_encodings_exactly() -> None:

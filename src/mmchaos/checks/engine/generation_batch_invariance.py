@@ -2,12 +2,15 @@
 
 Each probe request (an image and a question) is answered alone, then ``runs`` times inside a batch
 with neighbours of other prompt lengths and image counts (no image, one, two), at a different
-position and with different neighbours each run. Greedy decoding has one right answer, so every
+position and with different neighbours each run. The neighbours' images come in mixed sizes and
+aspect ratios (:data:`NEIGHBOUR_SIZES`): a dynamic-resolution model (the Qwen2-VL family) gives
+each a different number of visual tokens, so the batch's rows differ in length and a padding mask
+or broadcast bug shows, which a batch of equal images hides. Greedy decoding has one right answer, so every
 run must give the alone tokens exactly. Reported per probe: whether the tokens match, the first
 divergent position, and the number of distinct completions over the runs (the measure public work
 on nondeterministic LLM inference uses); the largest logprob deviation is reported for information.
-Typical causes of a failure: right padding, pad tokens that leak into attention or positions, and
-kernels whose reduction order depends on the batch shape.
+Typical causes of a failure: right padding, pad tokens that leak into attention or positions (or
+into a pooled visual feature), and kernels whose reduction order depends on the batch shape.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
@@ -24,7 +28,11 @@ from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 from mmchaos.targets.generation import Completion, GenerationParams, Message
 
-__all__ = ["GenerationBatchInvariance"]
+__all__ = ["NEIGHBOUR_SIZES", "GenerationBatchInvariance"]
+
+NEIGHBOUR_SIZES: tuple[tuple[int, int], ...] = ((30, 30), (60, 120), (120, 60), (90, 150), (170, 85), (100, 100))
+"""(height, width) of the neighbours' images, in turn: square, wide, tall, small and large; not all
+multiples of a patch, so a processor's own rounding is exercised too."""
 
 _QUESTIONS = ("What is in this image?", "Describe the colours and shapes you can see in the picture, briefly.")
 _NEIGHBOURS = (
@@ -58,6 +66,15 @@ def _lp_deviation(a: Completion, b: Completion) -> float:
     return float(np.max(np.abs(np.asarray(a.logprobs[:n]) - np.asarray(b.logprobs[:n]))))
 
 
+def _resized(image: npt.NDArray[np.uint8], size: tuple[int, int]) -> npt.NDArray[np.uint8]:
+    from PIL import Image
+
+    height, width = size
+    return np.asarray(
+        Image.fromarray(np.ascontiguousarray(image[..., :3])).resize((width, height), Image.Resampling.BILINEAR)
+    )
+
+
 def _tokens(c: Completion) -> Sequence[Any]:
     return c.token_ids if c.token_ids is not None else c.text
 
@@ -77,12 +94,15 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
         probes = [[Message("user", (images[i], _QUESTIONS[i % len(_QUESTIONS)]))] for i in range(p.probes)]
         spare = images[p.probes :]
 
+        def sizes_of(k: int) -> list[tuple[int, int]]:
+            return [NEIGHBOUR_SIZES[(k + j) % len(NEIGHBOUR_SIZES)] for j in range(k % 3)]  # 0, 1 or 2 images
+
         def neighbour(k: int) -> str | list[Message]:
             text = _NEIGHBOURS[k % len(_NEIGHBOURS)]
-            n_images = k % 3  # 0, 1 or 2 images
-            if n_images == 0:
+            if k % 3 == 0:
                 return text
-            return [Message("user", (*spare[k % len(spare) : k % len(spare) + n_images], text))]
+            pictures = [_resized(spare[(k + j) % len(spare)], size) for j, size in enumerate(sizes_of(k))]
+            return [Message("user", (*pictures, text))]
 
         per_probe: list[dict[str, Any]] = []
         for i, probe in enumerate(probes):
@@ -103,7 +123,9 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                 if where is not None:
                     mismatches.append({"run": run, "position_in_batch": position, "first_divergence": where,
                                        "alone": alone.text[:60], "batched": got.text[:60],
-                                       "neighbour_images": [k % 3 for k in picks.tolist()]})  # fmt: skip
+                                       "neighbour_images": [k % 3 for k in picks.tolist()],
+                                       "neighbour_sizes": [list(z) for k in picks.tolist()
+                                                           for z in sizes_of(k)]})  # fmt: skip
             per_probe.append({"probe": i, "distinct_completions": len(seen), "mismatched_runs": len(mismatches),
                               "max_logprob_deviation": lp_dev, "mismatches": mismatches[:3]})  # fmt: skip
         bad = [r for r in per_probe if r["mismatched_runs"]]
@@ -113,7 +135,8 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                    "max_distinct_completions": float(distinct),
                    "earliest_divergence": float(min(divergences)) if divergences else -1.0,
                    "max_logprob_deviation": max(r["max_logprob_deviation"] for r in per_probe)}  # fmt: skip
-        evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe}
+        evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe,
+                                    "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES]}  # fmt: skip
         gate = (
             f"mismatched probes <= {g.max_mismatched_probes}, distinct completions per probe <= "
             f"{g.max_distinct_completions}"
@@ -134,5 +157,6 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             severity=Severity.HIGH, metrics=metrics, gate=gate, evidence=evidence,
             message="a request's answer depends on what it is batched with",
             suggestion="pad on the left for decoder-only generation, pass the attention mask and position ids of "
-            "padded rows, and use batch-invariant kernels (or fixed batch shapes) where exact answers matter",
+            "padded rows (visual tokens of images of other sizes included), and use batch-invariant kernels (or "
+            "fixed batch shapes) where exact answers matter",
         )  # fmt: skip

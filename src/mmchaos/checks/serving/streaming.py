@@ -248,7 +248,7 @@ class ServingStreaming(Check[ServingStreamingParams, ServingStreamingGate]):
     def _contents(self, ctx: CheckContext, count: int) -> list[Any]:
         """Request contents: the dataset's images (a PNG data URL each) with the prompt; text only without."""
         p = self.params
-        images = [s for s in ctx.dataset if s.image is not None or s.image_path is not None][: max(1, count)]
+        images = [s for s in ctx.dataset if s.has_image][: max(1, count)]
         if not images:
             return [f"{p.prompt} ({i})" for i in range(count)]
         out = []
