@@ -20,7 +20,7 @@ from mmchaos.targets.generation import GenerationParams
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
 from mmchaos.tasks.frames import ask_with_images
-from mmchaos.tasks.generative import Answers
+from mmchaos.tasks.generative import Answers, combined_refused_rate
 
 __all__ = ["DocumentQA", "has_documents", "request_pages"]
 
@@ -75,10 +75,7 @@ class DocumentQA(Task):
         """Scored again over every shard's answers (the per-kind accuracies are not shard means);
         the refused share is a mean over samples, weighed by shard size."""
         result = self._score(dataset, [o for p in parts for o in p.outputs])
-        if parts and all("refused_rate" in p.extra for p in parts):
-            sizes = [len(p.per_sample) for p in parts]
-            rates = sum(p.extra["refused_rate"] * n for p, n in zip(parts, sizes, strict=True))
-            result.extra["refused_rate"] = rates / max(1, sum(sizes))
+        result.extra.update(combined_refused_rate(parts))
         return result
 
     @staticmethod

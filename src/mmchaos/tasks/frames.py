@@ -14,12 +14,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mmchaos.data.base import Dataset
-from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
-from mmchaos.tasks.generative import PER_REQUEST_REFUSALS, Answers
+from mmchaos.tasks.generative import Answers, answer_batches
 
 __all__ = ["FramesVQA", "ask_with_images", "has_frames"]
 
@@ -43,24 +42,7 @@ def ask_with_images(
     and a question past a small model's positions) is answered with nothing and counted.
     """
     requests: list[list[Message]] = [[Message("user", (*imgs, q))] for imgs, q in zip(images, questions, strict=True)]
-    out = Answers()
-    for i in range(0, len(requests), batch):
-        chunk = requests[i : i + batch]
-        try:
-            out += [r.text for r in target.generate_batch(chunk, params)]
-            continue
-        except TargetCallError as exc:
-            if exc.code not in PER_REQUEST_REFUSALS:
-                raise
-        for j, request in enumerate(chunk):
-            try:
-                out.append(target.generate_batch([request], params)[0].text)
-            except TargetCallError as exc:
-                if exc.code not in PER_REQUEST_REFUSALS:
-                    raise
-                out.refused[i + j] = exc.code
-                out.append("")
-    return out
+    return answer_batches(target, (requests[i : i + batch] for i in range(0, len(requests), batch)), params)
 
 
 class FramesVQA(Task):

@@ -7,7 +7,7 @@ replace the questions (VQA) and are how text perturbations reach a VLM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,12 +56,26 @@ def ask(
     """
     if len(images) != len(questions):
         raise ValueError(f"{len(images)} images for {len(questions)} questions")
-    out = Answers()
-    for i in range(0, len(questions), batch):  # one batch of images decoded at a time
-        requests: list[list[Message]] = [
+    chunks = (  # one batch of images decoded at a time
+        [
             [Message("user", (img, q) if img is not None else q)]
             for img, q in zip(images[i : i + batch], questions[i : i + batch], strict=True)
         ]
+        for i in range(0, len(questions), batch)
+    )
+    return answer_batches(target, chunks, params)
+
+
+def answer_batches(target: Target, chunks: Iterable[list[list[Message]]], params: GenerationParams) -> Answers:
+    """Greedy answers to consecutive batches of chat requests, one ``generate_batch`` call a batch.
+
+    A batch the target refuses is asked again one request at a time: a request it cannot take
+    (:data:`PER_REQUEST_REFUSALS`) is answered with nothing and counted in :attr:`Answers.refused`
+    (by its index over all batches); any other error propagates.
+    """
+    out = Answers()
+    for requests in chunks:
+        start = len(out)
         try:
             out += [r.text for r in target.generate_batch(requests, params)]
             continue
@@ -74,9 +88,18 @@ def ask(
             except TargetCallError as exc:
                 if exc.code not in PER_REQUEST_REFUSALS:
                     raise
-                out.refused[i + j] = exc.code
+                out.refused[start + j] = exc.code
                 out.append("")
     return out
+
+
+def combined_refused_rate(parts: Sequence[TaskResult]) -> dict[str, float]:
+    """The refused share over consecutive shards' results, weighed by shard size (empty if one lacks it)."""
+    if not parts or not all("refused_rate" in p.extra for p in parts):
+        return {}
+    sizes = [len(p.per_sample) for p in parts]
+    rate = sum(p.extra["refused_rate"] * n for p, n in zip(parts, sizes, strict=True)) / max(1, sum(sizes))
+    return {"refused_rate": float(rate)}
 
 
 def _answers(sample: Sample) -> list[str]:
@@ -116,12 +139,7 @@ class VQAAccuracy(Task):
         """Scored again over every shard's answers (the per-kind accuracies are not shard means);
         the refused share is a mean over samples, weighed by shard size."""
         result = self._score(dataset, [o for p in parts for o in p.outputs])
-        if parts and all("refused_rate" in p.extra for p in parts):
-            sizes = [len(p.per_sample) for p in parts]
-            total = max(1, sum(sizes))
-            result.extra["refused_rate"] = (
-                sum(p.extra["refused_rate"] * n for p, n in zip(parts, sizes, strict=True)) / total
-            )
+        result.extra.update(combined_refused_rate(parts))
         return result
 
     @staticmethod
