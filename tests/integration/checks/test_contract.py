@@ -10,7 +10,7 @@ from mmchaos.checks.base import CheckContext
 from mmchaos.checks.contract.contract import Contract, ContractParams
 from mmchaos.data.shapes import make_shapes
 from mmchaos.findings import Finding, Verdict
-from mmchaos.hostile import get_case
+from mmchaos.hostile import get_case, select_cases
 from mmchaos.runner import TimedTarget
 from tests.fakes import broken_targets as bt
 from tests.fakes import targets as fakes
@@ -38,7 +38,8 @@ def test_a_validating_target_passes_the_whole_corpus() -> None:
     m = summary.metrics
     assert m["n_cases"] >= 50 and m["n_passed"] == m["n_cases"]
     assert m["n_crashed"] == m["n_hung"] == m["n_garbage"] == 0
-    assert m["int32_cases"] == m["int32_cases_rejected"] == 4, "every int32 trap is rejected"
+    traps = len(select_cases(["int32_*"], []))  # PNG and array headers, and the A0 page at 1200 dpi
+    assert m["int32_cases"] == m["int32_cases_rejected"] == traps == 5, "every int32 trap is rejected"
     passed = summary.evidence["passed"]
     assert passed["exif_orientation_6"].startswith("handled: same answer as the correct picture")
     assert passed["int32_png_50000x50000"].startswith("rejected: TargetCallError[element_count_overflow]")
@@ -106,7 +107,8 @@ def test_inprocess_isolation_and_unloadable_targets() -> None:
     findings = _run(NotLoadable(), cases=["zero_byte"])
     assert findings[0].verdict == Verdict.ERROR and "isolation: inprocess" in findings[0].suggestion
     findings = _run(NotLoadable(), cases=["zero_byte", "exif_orientation_2", "int32_*"], isolation="inprocess")
-    assert [f.verdict for f in findings] == [Verdict.PASS] and findings[0].metrics["n_passed"] == 4
+    # zero_byte, exif_orientation_2 and the int32 traps this target is sent in-process (the A0 page included)
+    assert [f.verdict for f in findings] == [Verdict.PASS] and findings[0].metrics["n_passed"] == 5
     assert findings[0].evidence["not_run_in_process"] == ["int32_array_50000x50000x3", "int32_array_1x715827883x3"]
 
 
