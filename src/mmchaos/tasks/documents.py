@@ -17,10 +17,9 @@ import numpy as np
 from mmchaos.data.base import Dataset, Sample
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams
-from mmchaos.tasks.answers import exact_match, normalised_match
 from mmchaos.tasks.base import ImageArray, Task, TaskResult
 from mmchaos.tasks.frames import ask_with_images
-from mmchaos.tasks.generative import Answers, combined_refused_rate
+from mmchaos.tasks.generative import Answers, combined_refused_rate, score_answers
 
 __all__ = ["DocumentQA", "has_documents", "request_pages"]
 
@@ -80,16 +79,7 @@ class DocumentQA(Task):
 
     @staticmethod
     def _score(dataset: Dataset, preds: list[str]) -> TaskResult:
-        refs = [[s.answer or "", *map(str, s.meta.get("answers") or ())] for s in dataset]
-        right = np.array([normalised_match(p, r) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
-        extra: dict[str, float] = {
-            "exact_match": float(np.mean([exact_match(p, r) for p, r in zip(preds, refs, strict=True)]))
-            if refs
-            else 0.0,
-            "pages_per_request": float(np.mean([len(s.meta["pages"]) for s in dataset])) if refs else 0.0,
-        }
-        kinds: dict[str, list[float]] = {}
-        for s, ok in zip(dataset, right, strict=True):
-            kinds.setdefault(str(s.meta.get("kind", "")), []).append(float(ok))
-        extra.update({f"accuracy_{k}": float(np.mean(v)) for k, v in sorted(kinds.items()) if k})
-        return TaskResult(float(right.mean()) if len(right) else 0.0, right, extra, preds)
+        """The VQA scoring (:func:`~mmchaos.tasks.generative.score_answers`), plus pages per request."""
+        result = score_answers(dataset, preds)
+        result.extra["pages_per_request"] = float(np.mean([len(s.meta["pages"]) for s in dataset])) if preds else 0.0
+        return result

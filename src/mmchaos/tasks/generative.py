@@ -144,15 +144,21 @@ class VQAAccuracy(Task):
 
     @staticmethod
     def _score(dataset: Dataset, preds: list[str]) -> TaskResult:
-        refs = [_answers(s) for s in dataset]
-        right = np.array([normalised_match(p, r) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
-        exact = [exact_match(p, r) for p, r in zip(preds, refs, strict=True)]
-        extra: dict[str, float] = {"exact_match": float(np.mean(exact)) if exact else 0.0}
-        kinds: dict[str, list[float]] = {}
-        for s, ok in zip(dataset, right, strict=True):
-            kinds.setdefault(str(s.meta.get("kind", "")), []).append(float(ok))
-        extra.update({f"accuracy_{k}": float(np.mean(v)) for k, v in sorted(kinds.items()) if k})
-        return TaskResult(float(right.mean()) if len(right) else 0.0, right, extra, preds)
+        return score_answers(dataset, preds)
+
+
+def score_answers(dataset: Dataset, preds: list[str]) -> TaskResult:
+    """Short answers against each sample's reference answers: normalised-match accuracy (the metric),
+    exact match, and accuracy per question kind (``meta["kind"]``)."""
+    refs = [_answers(s) for s in dataset]
+    right = np.array([normalised_match(p, r) for p, r in zip(preds, refs, strict=True)], dtype=np.float64)
+    exact = [exact_match(p, r) for p, r in zip(preds, refs, strict=True)]
+    extra: dict[str, float] = {"exact_match": float(np.mean(exact)) if exact else 0.0}
+    kinds: dict[str, list[float]] = {}
+    for s, ok in zip(dataset, right, strict=True):
+        kinds.setdefault(str(s.meta.get("kind", "")), []).append(float(ok))
+    extra.update({f"accuracy_{k}": float(np.mean(v)) for k, v in sorted(kinds.items()) if k})
+    return TaskResult(float(right.mean()) if len(right) else 0.0, right, extra, preds)
 
 
 class _GeneratedText(Task):
