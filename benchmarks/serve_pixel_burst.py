@@ -15,11 +15,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from _serve_proc import mmchaos_serve, rss_mib
 from PIL import Image
 
 
@@ -43,14 +39,6 @@ def _png_url(width: int, height: int, seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 class _Sampler:
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -60,7 +48,7 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_mib(self.pid))
+            self.peak = max(self.peak, rss_mib(self.pid))
             time.sleep(0.02)
 
     def __enter__(self) -> _Sampler:
@@ -103,19 +91,10 @@ def main() -> None:
     parser.add_argument("serve_args", nargs="*", help="more mmchaos serve flags (after --)")
     args = parser.parse_args()
 
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "mmchaos", "serve", "--target", args.target, "--port", "0", *args.serve_args]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
-        if not found:
-            raise SystemExit(f"the server did not start: {line}{proc.stderr.read()}")
-        url = found.group(1)
+    with mmchaos_serve(args.target, *args.serve_args) as (proc, url):
         small = {"input": [{"type": "image_url", "image_url": {"url": _png_url(64, 64, 0)}}]}
         assert httpx.post(f"{url}/v1/embeddings", json=small, timeout=60).status_code == 200
-        idle = _rss_mib(proc.pid)
+        idle = rss_mib(proc.pid)
         side = args.side
         body = {"input": [{"type": "image_url", "image_url": {"url": _png_url(side - 1, side, s)}} for s in (1, 2)]}
         size = sum(len(p["image_url"]["url"]) for p in body["input"]) / 2**20
@@ -125,19 +104,13 @@ def main() -> None:
             with _Sampler(proc.pid) as sampler:
                 statuses, codes, took = _burst(url, body, args.requests, 120.0)
             time.sleep(1.0)
-            after = _rss_mib(proc.pid)
+            after = rss_mib(proc.pid)
             label = "cold" if i == 0 else "warm"
             counts = ", ".join(f"{k}x{s}" for s, k in sorted(statuses.items()))
             print(
                 f"  {label}: {counts} ({dict(codes)}) in {took:.1f}s; peak RSS {sampler.peak:.0f} MiB "
                 f"({sampler.peak / idle:.2f}x idle), {after:.0f} MiB after"
             )
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 if __name__ == "__main__":

@@ -15,11 +15,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +22,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from _serve_proc import mmchaos_serve, rss_mib
 from PIL import Image
 
 
@@ -50,14 +46,6 @@ def _bodies() -> list[dict[str, Any]]:
     ]
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="builtin:tiny-vlm")
@@ -67,16 +55,7 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="stop after this long, whatever is left")
     args = parser.parse_args()
 
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "mmchaos", "serve", "--target", args.target, "--port", "0", "--max-queue-wait", "0"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
-        if not found:
-            raise SystemExit(f"the server did not start: {line}{proc.stderr.read()}")
-        url = found.group(1)
+    with mmchaos_serve(args.target, "--max-queue-wait", "0") as (proc, url):
         bodies = _bodies()
         clients = [httpx.Client(base_url=url, timeout=60.0) for _ in range(args.concurrency)]
 
@@ -93,7 +72,7 @@ def main() -> None:
                 return type(exc).__name__
 
         start = time.monotonic()
-        before = _rss_mib(proc.pid)
+        before = rss_mib(proc.pid)
         print(f"{args.target}: RSS {before:.0f} MiB at start; {args.requests} requests, {args.concurrency} at once")
         sent = 0
         with ThreadPoolExecutor(args.concurrency) as pool:
@@ -101,7 +80,7 @@ def main() -> None:
                 n = min(args.block, args.requests - sent)
                 outcomes = Counter(pool.map(send, range(sent, sent + n)))
                 sent += n
-                rss = _rss_mib(proc.pid)
+                rss = rss_mib(proc.pid)
                 shown = ", ".join(f"{k}x{v}" for k, v in sorted(outcomes.items()))
                 print(
                     f"  {sent:6d}: {shown}; RSS {rss:.0f} MiB ({rss - before:+.1f}) at {time.monotonic() - start:.0f}s"
@@ -109,12 +88,6 @@ def main() -> None:
                 before = rss
         for c in clients:
             c.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 if __name__ == "__main__":
