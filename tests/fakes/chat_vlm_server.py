@@ -28,12 +28,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
 
+from tests.fakes.openai_server import JSONHandler
 from tests.fakes.vlm import PixelVQATarget, question_kind
 
 __all__ = ["ChatServerConfig", "chat_vlm_server"]
@@ -98,19 +99,8 @@ def _words(image: np.ndarray | None, question: str, max_tokens: int) -> tuple[li
     return words, "stop"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: _Server
-
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
-
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _error(self, status: int, message: str) -> None:
         self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})

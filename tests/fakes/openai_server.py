@@ -110,8 +110,8 @@ class FakeConfig:
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class JSONHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that answers JSON bodies (the fake servers' shared base)."""
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
@@ -123,6 +123,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _Handler(JSONHandler):
+    server: _Server
 
     def _error(self, status: int, message: str) -> None:
         flavour = self.server.config.flavour
