@@ -41,6 +41,7 @@ import io
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class FakeConfig:
     """"truncate": cut the SSE stream after its second delta (no finish_reason, no ``[DONE]``);
     "no_done": end it after the finish_reason chunk without ``[DONE]`` (transformers serve's shape, a
     complete stream); "error": send an error event midway."""
+    stream_pause_s: float = 0.0
+    """A pause before each stream event after the first (an engine decoding token by token): each
+    event then reaches the client in a read of its own."""
     flavour: str = "openai"
     dies_on_side: int = 0
     """An image with a side larger than this kills the engine: every later embeddings request is a 500."""
@@ -277,11 +281,17 @@ class _Handler(JSONHandler):
         if fault == "truncate":
             events = events[:3]
         for i, event in enumerate(events):
+            if i > 1 and self.server.config.stream_pause_s:
+                time.sleep(self.server.config.stream_pause_s)
             chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
                                      "choices": [{"index": 0, **event}]}  # fmt: skip
             if fault == "error" and i == 2:
                 chunk = {"error": {"message": "engine died", "code": 500}}
-            self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
+            try:
+                self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
+            except OSError:  # the client left mid-stream
+                self.close_connection = True
+                return
         if fault not in ("truncate", "no_done"):
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
