@@ -17,6 +17,7 @@ from typing import Any
 from mmchaos.errors import ConfigError
 
 __all__ = [
+    "CLIENT_KEEPALIVE_EXPIRY",
     "REMOTE_REFUSED",
     "is_loopback_address",
     "is_loopback_host",
@@ -29,6 +30,13 @@ __all__ = [
 ]
 
 REMOTE_REFUSED = "remote_not_allowed"
+
+#: Seconds mmchaos's HTTP clients keep an idle connection in their pools: below the keep-alive
+#: timeout of the servers they meet (uvicorn's default, so vLLM, SGLang and transformers serve, and
+#: Node's: 5 s). With httpx's own 5 s, a connection taken from the pool as the server closes it
+#: fails the request (``ReadError``, "Server disconnected") though the server never saw it
+#: (benchmarks/keepalive_race.py).
+CLIENT_KEEPALIVE_EXPIRY = 3.0
 """The error code of every refusal to reach a host that is not loopback."""
 
 Resolver = Callable[..., list[tuple[Any, ...]]]

@@ -32,6 +32,7 @@ from mmchaos.chaos.sequential import stop_when_decided
 from mmchaos.chaos.spec import ExperimentContext, ServingParams
 from mmchaos.chaos.steady import explain_unmet
 from mmchaos.chaos.windows import Phase, WindowTracker
+from mmchaos.net import CLIENT_KEEPALIVE_EXPIRY
 from mmchaos.targets.base import Target
 
 if TYPE_CHECKING:
@@ -345,7 +346,8 @@ class Experiment:
         p = self.params
         inner = httpx.AsyncHTTPTransport(
             verify=self.tls,  # fresh connections each phase (its own event loop), one TLS context
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                                keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY),
         )
         transport = async_cls(inner, self.ledger, self.inspector)
         cfg = LoadConfig(

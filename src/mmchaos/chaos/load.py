@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mmchaos.errors import ConfigError, DataError
-from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve_async
+from mmchaos.net import CLIENT_KEEPALIVE_EXPIRY, REMOTE_REFUSED, non_loopback, resolve_async
 from mmchaos.targets.openai_forms import ImageForm, embeddings_form, text_body
 
 if TYPE_CHECKING:
@@ -389,7 +389,8 @@ class LoadDriver:
                 base_url=cfg.base_url,
                 transport=self._transport,
                 timeout=cfg.request_timeout,
-                limits=httpx.Limits(max_connections=width, max_keepalive_connections=width),
+                limits=httpx.Limits(max_connections=width, max_keepalive_connections=width,
+                                    keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY),
                 trust_env=False,
             )
         try:

@@ -93,8 +93,12 @@ class ServerConfig(BaseModel):
     header_timeout: float = Field(default=10.0, gt=0.0, le=3600.0)
     #: Seconds a client may take to send a request's body once its headers arrived; then 408.
     body_timeout: float = Field(default=30.0, gt=0.0, le=3600.0)
-    #: Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
-    keep_alive_timeout: float = Field(default=5.0, gt=0.0, le=3600.0)
+    #: Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``). Longer
+    #: than the idle expiry of common client pools (httpx and the openai SDK 5 s, aiohttp 15 s): a
+    #: server that closes a connection as the client takes it from its pool makes the client's next
+    #: request fail (``httpx.ReadError``, "Server disconnected") with nothing logged on the server
+    #: (benchmarks/keepalive_race.py).
+    keep_alive_timeout: float = Field(default=20.0, gt=0.0, le=3600.0)
     #: Largest request line plus headers in bytes (uvicorn's ``h11_max_incomplete_event_size``).
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=2**20)
     #: The validated model's component hashes (``weights``, ``tokenizer``, ``processor``,

@@ -59,7 +59,7 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
-from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
+from mmchaos.net import CLIENT_KEEPALIVE_EXPIRY, REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import (
     GenerationParams,
@@ -243,6 +243,7 @@ class OpenAITarget(Target):
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             transport=transport,
+            limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY),
             follow_redirects=False,
             trust_env=False,  # no proxies from the environment: loopback means loopback
         )
