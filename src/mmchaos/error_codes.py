@@ -104,6 +104,8 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("chat_template_missing", 400, "a generative checkpoint ships no chat template"),
         ("connection_failed", 502, "an endpoint could not be reached (refused, reset, DNS)"),
         ("context_exceeded", 400, "a prompt plus max_new_tokens exceeds the model's positions"),
+        ("bad_export_dtype", 400, "an ONNX export precision other than float32 or float16"),
+        ("export_dtype_unavailable", 400, "--dtype float16 needs onnxruntime's float16 converter, which is missing"),
         ("export_failed", 500, "exporting a target to ONNX failed"),
         ("generate_failed", 500, "the model's generate raised (a crash of the model, not a refusal)"),
         ("image_bad_dtype", 400, "an image array that is not uint8"),

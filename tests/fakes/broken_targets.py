@@ -340,6 +340,22 @@ def fp16_overflow() -> Any:
     return target
 
 
+def int32_token_ids() -> Any:
+    """Broken for ONNX serving only: its tokenizer hands over int32 ids (numpy's default int on
+    Windows, a custom or JS tokenizer). torch's embedding takes them, so every torch answer is
+    right; an ONNX graph exported with int64 ids refuses them."""
+    target = _hf(uri="py:tests.fakes.broken_targets:int32_token_ids")
+    tokenize = target.tokenize
+
+    def int32_ids(texts: Sequence[str]) -> dict[str, Any]:
+        import torch
+
+        return {k: v.to(torch.int32) for k, v in tokenize(texts).items()}
+
+    target.tokenize = int32_ids
+    return target
+
+
 def fp16_cancellation() -> Any:
     """Broken in low precision, finite throughout: the first vision MLP adds 2,000 to every hidden
     unit (fc1's bias) and fc2 takes it away again (its bias), so in fp32 the layer computes what it

@@ -6,6 +6,14 @@ and sequence axes, the source's tokenizer, image processor and ``config.json`` f
 and ``mmchaos_export.json``: the source URI and fingerprint, the hashes the exported components
 must keep (so a swapped tokenizer or processor is caught later), the export settings and the
 torch-vs-ONNX Runtime differences measured at export.
+
+``dtype="float16"`` is the half-precision graph a GPU deployment serves: the float32 export
+converted by ONNX Runtime's own converter (``onnxruntime.transformers.float16``, the one its
+transformer optimiser uses), graph inputs and outputs included, so the processor's float32
+pixels must be cast at the boundary (the ``onnx:`` target does; ``backend_differential`` reports
+it). Converting the exported graph, rather than exporting a ``.half()`` model, is what works on the
+CPU: torch's half-precision tracing leaves mixed float types in LayerNormalization that ONNX
+Runtime refuses to load.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -35,16 +43,21 @@ from mmchaos.targets.base import (
 from mmchaos.targets.onnx import IMAGE_FILE, MANIFEST, TEXT_FILE, OnnxTarget
 
 __all__ = [
+    "EXPORT_DTYPES",
     "IMAGE_FILE",
     "MANIFEST",
     "PROCESSOR_FILES",
     "TEXT_FILE",
     "TOKENIZER_FILES",
+    "ExportDtype",
     "ExportResult",
     "export_onnx",
     "export_towers",
     "towers",
 ]
+
+ExportDtype = Literal["float32", "float16"]
+EXPORT_DTYPES: tuple[ExportDtype, ...] = ("float32", "float16")
 
 RECORD_FILES = ("training.json",)  # what the weights were validated at (the fingerprint check reads it)
 
@@ -100,8 +113,27 @@ def _require_white_box(target: Target) -> Any:
     return target.torch_module()
 
 
-def export_towers(target: Target, directory: Path, *, opset: int = 17) -> dict[str, str]:
+def to_float16(path: Path) -> None:
+    """Convert the ONNX graph at ``path`` to float16 in place, its inputs and outputs included."""
+    onnx = require("onnx")
+    try:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    except ImportError as exc:
+        raise ConfigError(
+            f"--dtype float16 needs onnxruntime's float16 converter ({exc}): pip install 'mmchaos[onnx]'",
+            code="export_dtype_unavailable",
+        ) from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the converter warns of every value it clamps to fp16's range
+        onnx.save(convert_float_to_float16(onnx.load(str(path)), keep_io_types=False), str(path))
+
+
+def export_towers(
+    target: Target, directory: Path, *, opset: int = 17, dtype: ExportDtype = "float32"
+) -> dict[str, str]:
     """Write the ONNX graphs only; returns {"image": path, "text": path} for what was exported."""
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"export dtype {dtype!r}: choose one of {', '.join(EXPORT_DTYPES)}", code="bad_export_dtype")
     torch = require("torch")
     require("onnx")
     model = _require_white_box(target)
@@ -126,9 +158,12 @@ def export_towers(target: Target, directory: Path, *, opset: int = 17) -> dict[s
                 files["image"] = IMAGE_FILE
             if target.has(Capability.EMBED_TEXT):
                 enc = target.tokenize(list(_SAMPLE_TEXTS))  # type: ignore[attr-defined]
+                # int64 ids and mask, as every HF tokenizer hands them over, whatever this pipeline's
+                # tokenizer gives (backend_differential reports a pipeline feeding another type)
+                ids, mask = (torch.as_tensor(enc[k]).to(torch.int64) for k in ("input_ids", "attention_mask"))
                 torch.onnx.export(
                     text_tower,
-                    (enc["input_ids"], enc["attention_mask"]),
+                    (ids, mask),
                     str(directory / TEXT_FILE),
                     dynamo=False,
                     input_names=["input_ids", "attention_mask"],
@@ -144,6 +179,9 @@ def export_towers(target: Target, directory: Path, *, opset: int = 17) -> dict[s
         except Exception as exc:
             raise TargetCallError(f"torch.onnx.export failed for {target.uri}: {type(exc).__name__}: {exc}",
                                   code="export_failed") from exc  # fmt: skip
+    if dtype == "float16":
+        for name in files.values():
+            to_float16(directory / name)
     return files
 
 
@@ -179,7 +217,13 @@ def _differences(target: Target, directory: Path) -> dict[str, float]:
 
 
 def export_onnx(
-    target: Target, directory: Path | str, *, opset: int = 17, overwrite: bool = False, validate: bool = True
+    target: Target,
+    directory: Path | str,
+    *,
+    opset: int = 17,
+    overwrite: bool = False,
+    validate: bool = True,
+    dtype: ExportDtype = "float32",
 ) -> ExportResult:
     """Export ``target`` to ``directory`` (see the module docstring); refuses a non-empty directory
     unless ``overwrite``."""
@@ -192,7 +236,7 @@ def export_onnx(
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mmchaos-export-", dir=directory.parent) as tmp:
         staging = Path(tmp)
-        files = export_towers(target, staging, opset=opset)
+        files = export_towers(target, staging, opset=opset, dtype=dtype)
         _copy_preprocessing(target, staging)
         for old in (IMAGE_FILE, TEXT_FILE, MANIFEST):
             (directory / old).unlink(missing_ok=True)
@@ -209,7 +253,9 @@ def export_onnx(
         "outputs": {"image": "image_embeds", "text": "text_embeds"},
         "dynamic_axes": {"pixel_values": ["batch"], "input_ids": ["batch", "sequence"]},
         "opset": opset,
-        "exporter": "torch.onnx.export(dynamo=False)",
+        "dtype": dtype,
+        "exporter": "torch.onnx.export(dynamo=False)"
+        + (", then onnxruntime.transformers.float16 (inputs and outputs too)" if dtype == "float16" else ""),
         "max_text_tokens": getattr(target, "max_text_tokens", None)
         or getattr(text_cfg, "max_position_embeddings", None),
         "text_padding": getattr(target, "text_padding", True),

@@ -28,7 +28,16 @@ from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray
 from mmchaos.targets.decode import check_image_array
 from mmchaos.targets.options import SchemeOptions, takes_options
 
-__all__ = ["IMAGE_FILE", "MANIFEST", "TEXT_FILE", "OnnxOptions", "OnnxTarget", "load_onnx"]
+__all__ = [
+    "IMAGE_FILE",
+    "MANIFEST",
+    "TEXT_FILE",
+    "OnnxOptions",
+    "OnnxTarget",
+    "boundary_cast",
+    "graph_input_types",
+    "load_onnx",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,37 @@ log = logging.getLogger(__name__)
 MANIFEST = "mmchaos_export.json"
 IMAGE_FILE = "image_encoder.onnx"
 TEXT_FILE = "text_encoder.onnx"
+
+#: ONNX Runtime's names of tensor element types and the numpy dtype that feeds each.
+ORT_ELEMENT_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+}
+
+
+def graph_input_types(session: Any) -> dict[str, np.dtype[Any] | None]:
+    """Each graph input's element type as a numpy dtype (None for a type mmchaos does not feed)."""
+    return {
+        i.name: (np.dtype(ORT_ELEMENT_TYPES[i.type]) if i.type in ORT_ELEMENT_TYPES else None)
+        for i in session.get_inputs()
+    }
+
+
+def boundary_cast(fed: np.dtype[Any], graph: np.dtype[Any] | None) -> bool:
+    """Whether the ``onnx:`` target casts ``fed`` to ``graph`` at the graph's boundary (ONNX Runtime
+    itself refuses any mismatch): floats to the graph's float precision (an fp16 export fed the
+    processor's float32), integers to a wider integer. Anything else (float ids, a narrowing integer
+    cast) is left for ONNX Runtime to refuse. ``backend_differential`` reports every mismatch a
+    pipeline feeds, cast or not: a server that feeds the raw tensors fails on it."""
+    if graph is None or fed == graph:
+        return False
+    if fed.kind == "f" and graph.kind == "f":
+        return True
+    return fed.kind in "iu" and graph.kind == "i" and graph.itemsize >= fed.itemsize
 
 
 class OnnxOptions(SchemeOptions):
@@ -189,9 +229,14 @@ class OnnxTarget(Target):
 
     def _run(self, kind: str, feeds: dict[str, np.ndarray]) -> FloatArray:
         session = self.sessions[kind]
-        wanted = {i.name for i in session.get_inputs()}
+        types = graph_input_types(session)
+        ready = {}
+        for name, value in feeds.items():
+            if name in types:
+                graph = types[name]
+                ready[name] = value.astype(graph) if graph is not None and boundary_cast(value.dtype, graph) else value
         try:
-            out = session.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
+            out = session.run(None, ready)[0]
         except Exception as exc:  # onnxruntime's errors are untyped
             raise TargetCallError(f"ONNX Runtime failed on the {kind} encoder: {exc}", code="onnx_run_failed") from exc
         return np.ascontiguousarray(out, dtype=np.float32)
@@ -237,6 +282,11 @@ class OnnxTarget(Target):
             out["runtime"] = {
                 "providers": list(first.get_providers()),
                 "intra_op_threads": int(first.get_session_options().intra_op_num_threads),
+                "input_types": {
+                    kind: {k: (str(v) if v is not None else None) for k, v in graph_input_types(sess).items()}
+                    for kind, sess in self.sessions.items()
+                },
+                "dtype": self.manifest.get("dtype", "float32"),
             }
         return out
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from mmchaos.checks.engine.backend_differential import BackendDifferential
+from mmchaos.checks.engine.backend_differential import BackendDifferential, BackendDifferentialParams
 from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchParams
 from mmchaos.data.shapes import make_shapes
 from mmchaos.errors import CapabilityError, ConfigError, TargetLoadError
@@ -86,6 +86,64 @@ def test_backend_differential_flags_a_batch_size_baked_into_the_graph(model_dir:
     assert findings["text"].verdict == Verdict.PASS
 
 
+@pytest.fixture(scope="module")
+def exported_fp16(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("onnx16") / "tiny-clip-onnx-fp16"
+    result = export_onnx(bt.tiny_clip(), out, dtype="float16")
+    assert 0 < result.differences["image_max_abs_diff"] < 0.05 and result.differences["text_max_abs_diff"] < 0.05
+    return out
+
+
+def test_a_float16_export_takes_and_gives_half_precision_and_the_onnx_target_casts_at_the_boundary(
+    exported_fp16: Path,
+) -> None:
+    manifest = json.loads((exported_fp16 / MANIFEST).read_text())
+    assert manifest["dtype"] == "float16" and "float16" in manifest["exporter"]
+    target = load_target(f"onnx:{exported_fp16}")
+    runtime = target.describe()["runtime"]
+    assert runtime["dtype"] == "float16"
+    assert runtime["input_types"] == {"image": {"pixel_values": "float16"},
+                                      "text": {"input_ids": "int64", "attention_mask": "int64"}}  # fmt: skip
+    images = [s.load_image() for s in DATA]
+    got, want = target.embed_images(images), bt.tiny_clip().embed_images(images)
+    assert got.dtype == np.float32  # fed float32 pixels, cast to the graph's float16, answered float32
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() > 0.999 and 0 < np.abs(got - want).max() < 0.05, "half precision: close, not equal"
+
+
+@pytest.mark.check_contract("backend_differential", "clean")
+def test_backend_differential_at_float16_passes_within_its_gates_and_reports_the_deviation(model_dir: Path) -> None:
+    check = BackendDifferential(BackendDifferentialParams(dtype="float16"))
+    findings = {f.evidence["modality"]: f for f in _run(check, bt.tiny_clip())}
+    image, text = findings["image"], findings["text"]
+    assert image.verdict == text.verdict == Verdict.PASS, (image.message, text.message)
+    assert "(float16)" in image.title and 1e-5 < image.metrics["max_rel_diff"] < 1e-2
+    assert image.evidence["input_types"] == {"pixel_values": {"graph": "float16", "fed": "float32", "intended": True}}
+    assert "pixel_values float32 -> float16" in image.message
+    assert text.evidence["input_types"] == {}, "token ids stay int64 in a float16 graph"
+
+
+@pytest.mark.check_contract("backend_differential", "broken")
+def test_backend_differential_at_float16_fails_a_model_whose_activations_overflow_half_precision(
+    model_dir: Path,
+) -> None:
+    check = BackendDifferential(BackendDifferentialParams(dtype="float16", batch_sizes=[2]))
+    image = next(f for f in _run(check, bt.fp16_overflow()) if f.evidence["modality"] == "image")
+    assert image.verdict == Verdict.FAIL and "non-finite values" in image.message, image.message
+
+
+@pytest.mark.check_contract("backend_differential", "broken")
+def test_backend_differential_flags_token_ids_of_another_element_type_than_the_graph_takes(model_dir: Path) -> None:
+    check = BackendDifferential(BackendDifferentialParams(batch_sizes=[2]))
+    findings = {f.evidence["modality"]: f for f in _run(check, bt.int32_token_ids())}
+    text = findings["text"]
+    assert text.verdict == Verdict.FAIL
+    assert text.title.startswith("text: graph input input_ids takes int64 but the pipeline feeds int32")
+    assert text.evidence["input_types"]["input_ids"] == {"graph": "int64", "fed": "int32", "intended": False}
+    assert text.metrics["max_rel_diff"] < 1e-4, "cast, the numbers agree: the failure is the type alone"
+    assert findings["image"].verdict == Verdict.PASS
+
+
 def test_backend_differential_skips_black_box_targets(exported: Path) -> None:
     check = BackendDifferential()
     assert check.missing_capabilities(load_target(f"onnx:{exported}")) is not None
@@ -136,6 +194,10 @@ def test_export_command(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert f"onnx:{out}" in capsys.readouterr().out
     with pytest.raises(ConfigError):
         app(["export", "py:tests.fakes.broken_targets:tiny_clip", str(out)], standalone_mode=False)
+    with pytest.raises(ConfigError, match="choose one of float32, float16") as refused:
+        app(["export", "py:tests.fakes.broken_targets:tiny_clip", str(tmp_path / "bf"), "--dtype", "bf16"],
+            standalone_mode=False)  # fmt: skip
+    assert refused.value.code == "bad_export_dtype" and not (tmp_path / "bf").exists()
     assert callable(cli_main)
 
 
@@ -186,7 +248,9 @@ def test_validate_applies_threads_to_onnx_sessions_and_refuses_a_device_it_canno
     code, out, err = validate("--threads", "2")
     assert code in (0, 1), err
     results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert results["target"]["runtime"] == {"providers": ["CPUExecutionProvider"], "intra_op_threads": 2}
+    runtime = results["target"]["runtime"]
+    assert {k: runtime[k] for k in ("providers", "intra_op_threads", "dtype")} == {
+        "providers": ["CPUExecutionProvider"], "intra_op_threads": 2, "dtype": "float32"}  # fmt: skip
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         code, out, err = validate("--device", "cuda")
         assert code == 2 and "onnx_provider_missing" in err and "Traceback" not in out + err

@@ -7,6 +7,15 @@ exercised); shapes, dtypes, max abs difference and cosine are compared. Then the
 directory is loaded as an ``onnx:`` target and compared end to end with the original on the same
 raw inputs, which catches tokenizer or processor files that did not travel. A shape that differs
 (a batch or sequence size baked into the graph) is flagged as a silent shape change.
+
+``dtype: float16`` exports the half-precision graph a GPU deployment serves (``mmchaos export
+--dtype float16``) and compares it with torch at float32 under the fp16 gates: the deviation is
+reported, and only values that overflow half precision or drift past the gates fail. Each graph
+input's element type is compared with what the target's own preprocessing feeds it: ONNX Runtime
+refuses any mismatch ("Unexpected input data type"), so a pipeline that feeds int32 ids to an
+int64 graph, or float64 pixels to a float32 one, fails in serving however close the numbers are.
+The float32 pixels an fp16 graph is fed are the one intended cast: reported, not failed (the
+``onnx:`` target casts them at the boundary; a server that feeds them raw must too).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import io
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -45,6 +54,9 @@ def _npz(arrays: dict[str, Any]) -> bytes:
 class BackendDifferentialParams(Params):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
     opset: int = Field(default=17, ge=11)
+    dtype: Literal["float32", "float16"] = Field(
+        default="float32", description="the exported graph's precision (float16: as `mmchaos export --dtype float16`)"
+    )
     keep_export: str | None = Field(
         default=None, description="write the export here (for a repro) instead of a temp dir"
     )
@@ -53,6 +65,14 @@ class BackendDifferentialParams(Params):
 class BackendDifferentialGate(Gate):
     max_rel_diff: float = Field(default=1e-4, ge=0.0, description="max |torch - ORT| / max |torch|")
     min_cosine: float = Field(default=0.99999, ge=-1.0, le=1.0)
+    fp16_max_rel_diff: float = Field(default=1e-2, ge=0.0, description="max_rel_diff for a float16 graph")
+    fp16_min_cosine: float = Field(default=0.999, ge=-1.0, le=1.0, description="min_cosine for a float16 graph")
+
+    def limits(self, dtype: str) -> tuple[float, float]:
+        """(max rel diff, min cosine) for a graph of ``dtype``."""
+        if dtype == "float16":
+            return self.fp16_max_rel_diff, self.fp16_min_cosine
+        return self.max_rel_diff, self.min_cosine
 
 
 class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGate]):
@@ -79,7 +99,7 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
 
         with tempfile.TemporaryDirectory(prefix="mmchaos-backend-") as tmp:
             where = Path(p.keep_export) if p.keep_export else Path(tmp) / "export"
-            export_onnx(target, where, opset=p.opset, overwrite=True, validate=False)
+            export_onnx(target, where, opset=p.opset, overwrite=True, validate=False, dtype=p.dtype)
             from mmchaos.targets.onnx import OnnxTarget
 
             exported = OnnxTarget(str(where))
@@ -126,17 +146,37 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
             row.update(max_abs_diff=float(np.abs(got.astype(np.float64) - ref).max()), max_rel_diff=rel, min_cosine=cos)
             metrics[f"{label}_max_rel_diff"] = rel
             metrics[f"{label}_min_cosine"] = cos
-            if got.dtype != ref.dtype:
+            if got.dtype != ref.dtype and str(got.dtype) != self.params.dtype:
                 problems.append(f"{label}: dtype {got.dtype} from ONNX Runtime, {ref.dtype} from torch")
-            if not (rel <= g.max_rel_diff and cos >= g.min_cosine):
+            if not np.isfinite(got).all():
+                bad = int((~np.isfinite(got)).sum())
+                problems.append(f"{label}: {bad} non-finite values from ONNX Runtime (past {got.dtype}'s range)")
+                continue
+            max_rel, min_cos = g.limits(self.params.dtype)
+            if not (rel <= max_rel and cos >= min_cos):
                 problems.append(f"{label}: max rel diff {rel:.2e}, min cosine {cos:.6f}")
         return metrics, problems, detail
 
-    def _ort(self, exported: Any, kind: str, feeds: dict[str, np.ndarray]) -> np.ndarray | str:
+    def _ort(
+        self, exported: Any, kind: str, feeds: dict[str, np.ndarray], types: dict[str, dict[str, Any]]
+    ) -> np.ndarray | str:
+        """Run the raw graph on what the pipeline produced; each input whose element type differs
+        from the graph's is recorded in ``types`` and cast, so the numbers are still compared."""
+        from mmchaos.targets.onnx import graph_input_types
+
         session = exported.sessions[kind]
-        wanted = {i.name for i in session.get_inputs()}
+        ready: dict[str, np.ndarray] = {}
+        for name, graph in graph_input_types(session).items():
+            if name not in feeds:
+                continue
+            value = feeds[name]
+            if graph is not None and value.dtype != graph:
+                intended = self.params.dtype == "float16" and graph == np.float16 and value.dtype == np.float32
+                types[name] = {"graph": str(graph), "fed": str(value.dtype), "intended": intended}
+                value = value.astype(graph)
+            ready[name] = value
         try:
-            return np.asarray(session.run(None, {k: v for k, v in feeds.items() if k in wanted})[0])
+            return np.asarray(session.run(None, ready)[0])
         except Exception as exc:  # onnxruntime's errors are untyped; the message is the finding
             return f"{type(exc).__name__}: {exc}"
 
@@ -148,18 +188,19 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
         tower, _ = towers(target.torch_module())
         runs: list[tuple[str, np.ndarray, Any]] = []
         inputs: dict[str, Any] = {}
+        types: dict[str, dict[str, Any]] = {}
         for b in p.batch_sizes:
             pixels = target.preprocess_images(images[:b])  # type: ignore[attr-defined]
             ref = self._torch(tower, pixels)
             inputs[f"pixel_values_b{b}"] = pixels.numpy()
-            runs.append((f"tensor_b{b}", ref, self._ort(exported, "image", {"pixel_values": pixels.numpy()})))
+            runs.append((f"tensor_b{b}", ref, self._ort(exported, "image", {"pixel_values": pixels.numpy()}, types)))
         n = max(p.batch_sizes)
         try:
             e2e: np.ndarray | str = np.asarray(exported.embed_images(images[:n]))
         except Exception as exc:
             e2e = f"{type(exc).__name__}: {exc}"
         runs.append((f"end_to_end_b{n}", np.asarray(target.embed_images(images[:n])), e2e))
-        return self._finding(ctx, "image", runs, g, inputs)
+        return self._finding(ctx, "image", runs, g, inputs, types)
 
     def _text(self, ctx: CheckContext, target: Target, exported: Any, texts: list[str]) -> Finding:
         p = self.params
@@ -172,6 +213,7 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
         pool = [*texts, long_text, "a"]
         runs: list[tuple[str, np.ndarray, Any]] = []
         inputs: dict[str, Any] = {}
+        types: dict[str, dict[str, Any]] = {}
         cases = [(f"tensor_b{b}", pool[:b]) for b in p.batch_sizes]
         cases += [("tensor_short_seq", ["a"]), ("tensor_full_seq", [long_text]), ("tensor_mixed", pool[-3:])]
         for label, batch in cases:
@@ -179,13 +221,13 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
             ref = self._torch(tower, enc["input_ids"], enc["attention_mask"])
             feeds = {k: v.numpy() for k, v in enc.items()}
             inputs.update({f"{label}_{k}": v for k, v in feeds.items()})
-            runs.append((label, ref, self._ort(exported, "text", feeds)))
+            runs.append((label, ref, self._ort(exported, "text", feeds, types)))
         try:
             e2e: np.ndarray | str = np.asarray(exported.embed_texts(pool))
         except Exception as exc:
             e2e = f"{type(exc).__name__}: {exc}"
         runs.append((f"end_to_end_b{len(pool)}", np.asarray(target.embed_texts(pool)), e2e))
-        return self._finding(ctx, "text", runs, g, inputs)
+        return self._finding(ctx, "text", runs, g, inputs, types)
 
     def _finding(
         self,
@@ -194,26 +236,42 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
         runs: list[tuple[str, np.ndarray, Any]],
         g: BackendDifferentialGate,
         inputs: dict[str, Any],
+        types: dict[str, dict[str, Any]],
     ) -> Finding:
         p = self.params
         metrics, problems, detail = self._compare_runs(runs, g)
+        problems = [
+            f"graph input {name} takes {t['graph']} but the pipeline feeds {t['fed']}: ONNX Runtime refuses it "
+            "(Unexpected input data type)"
+            for name, t in types.items()
+            if not t["intended"]
+        ] + problems
         evidence: dict[str, Any] = {
             "modality": kind,
             "runs": detail,
+            "dtype": p.dtype,
+            "input_types": types,
             "opset": p.opset,
             "exporter": "torch.onnx.export(dynamo=False), dynamic batch/sequence axes",
             "seed": ctx.seed,
         }
-        gate = f"same shapes and dtypes; max rel diff <= {g.max_rel_diff:g}; min cosine >= {g.min_cosine:g}"
+        max_rel, min_cos = g.limits(p.dtype)
+        gate = (f"same shapes; graph inputs fed their own element types; max rel diff <= {max_rel:g}; "
+                f"min cosine >= {min_cos:g} ({p.dtype} graph)")  # fmt: skip
         rels = [v for k, v in metrics.items() if k.endswith("max_rel_diff")]
         if rels:
             metrics["max_rel_diff"] = max(rels)
+        cast = [f"{n} {t['fed']} -> {t['graph']}" for n, t in types.items() if t["intended"]]
         if not problems:
             return self.finding(
                 ctx,
                 Verdict.PASS,
-                f"{kind}: ONNX Runtime matches torch (max rel diff {max(rels, default=0.0):.1e}, "
+                f"{kind}: ONNX Runtime ({p.dtype}) matches torch (max rel diff {max(rels, default=0.0):.1e}, "
                 f"batch sizes {', '.join(map(str, p.batch_sizes))})",
+                message=f"cast at the graph's boundary: {', '.join(cast)} (the onnx: target does; a server feeding "
+                "the preprocessor's tensors raw must too)"
+                if cast
+                else "",
                 metrics=metrics,
                 gate=gate,
                 evidence=evidence,
@@ -221,7 +279,7 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
         artifact = Artifact(f"{ctx.check_id}-{kind}-inputs.npz", _npz(inputs), "application/x-npz")
         evidence["input_artifact"] = artifact.name
         evidence["replay"] = "mmchaos export TARGET DIR, then feed the arrays of the .npz to both backends"
-        silent = any("silent shape change" in x for x in problems)
+        silent = any("silent shape change" in x or "refuses it" in x for x in problems)
         return self.finding(
             ctx,
             Verdict.FAIL,
@@ -230,7 +288,9 @@ class BackendDifferential(Check[BackendDifferentialParams, BackendDifferentialGa
             metrics=metrics,
             gate=gate,
             message="; ".join(problems)[:1000],
-            suggestion="export with dynamic axes and without Python-int shape arithmetic (use tensor ops on "
+            suggestion="cast each input to the graph's element type where the pipeline hands it over"
+            if any("refuses it" in x for x in problems)
+            else "export with dynamic axes and without Python-int shape arithmetic (use tensor ops on "
             "x.shape), or torch.export; check custom ops' ONNX symbolic functions",
             evidence=evidence,
             artifacts=[artifact],
