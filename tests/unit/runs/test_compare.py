@@ -283,3 +283,16 @@ def test_validate_refuses_a_missing_or_unrelated_baseline_before_it_runs(
     assert not (tmp_path / "out" / "results.json").exists()
     code, _, err = run_cli("validate", "--tolerance", "0.1", "--out", str(tmp_path / "out"))
     assert code == 2 and "apply to --baseline" in err, err
+
+
+def test_the_tolerance_file_in_the_docs_loads(tmp_path: Path) -> None:
+    import re
+
+    from tests.paths import REPO
+
+    example = re.search(r"```yaml\n(.*?)```", (REPO / "docs" / "compare.md").read_text(), re.S)
+    assert example is not None
+    (tmp_path / "t.yaml").write_text(example.group(1))
+    loaded = load_tolerances(tmp_path / "t.yaml")
+    assert loaded.for_point("accuracy", "screenshot_moire").relative == 0.2
+    assert loaded.for_point("cer", "frost").absolute == 0.005
