@@ -206,6 +206,13 @@ def compare_runs(a: LoadedRun, b: LoadedRun, tolerances: Tolerances | None = Non
         not_compared += [
             {"only_in": run, "check": k[0], "what": f["title"]} for k, f in mine_f.items() if k not in other_f
         ]
+    checks_a = {f["check"] for f in fa_all}
+    new_failures = [
+        {"check": k[0], "key": "/".join(k), "title": f["title"], "verdict": f["verdict"],
+         "perturbation": (f.get("evidence") or {}).get("perturbation")}
+        for k, f in keys_b.items()
+        if k not in keys_a and k[0] in checks_a and f["verdict"] in _FAILED and tol.verdicts
+    ]  # fmt: skip
     for p in pairs:
         if "skipped" in (p["verdict"]["a"], p["verdict"]["b"]) and p["verdict"]["a"] != p["verdict"]["b"]:
             side = "a" if p["verdict"]["b"] == "skipped" else "b"
@@ -219,7 +226,7 @@ def compare_runs(a: LoadedRun, b: LoadedRun, tolerances: Tolerances | None = Non
             code="runs_disjoint",
         )
     cleans = _clean_curves(curves, tol)
-    regressions = _regressions(cleans + curves, pairs)
+    regressions = _regressions(cleans + curves, pairs, new_failures)
     return {
         "schema_version": SCHEMA_VERSION,
         "a": side_a,
@@ -238,6 +245,7 @@ def compare_runs(a: LoadedRun, b: LoadedRun, tolerances: Tolerances | None = Non
         "regressions": regressions,
         "curves": cleans + curves,
         "findings": pairs,
+        "new_failures": new_failures,
         "not_compared": not_compared,
     }
 
@@ -248,8 +256,10 @@ def _finding_name(pair: Json) -> str:
     return f"{pair['check']}[{', '.join(parts)}]" if parts else str(pair["check"])
 
 
-def _regressions(curves: list[Json], pairs: list[Json]) -> list[Json]:
-    """One line per regressed point or finding, the worst drop first within each curve."""
+def _regressions(curves: list[Json], pairs: list[Json], new_failures: list[Json]) -> list[Json]:
+    """One line per regressed point, per finding that passed in A and fails in B, and per finding
+    that fails in B where A, running the same check, had none like it (a perturbation B could
+    not measure, a contract case B crashes on)."""
     out: list[Json] = []
     for c in curves:
         for p in c["points"]:
@@ -268,4 +278,10 @@ def _regressions(curves: list[Json], pairs: list[Json]) -> list[Json]:
                 "a": p["verdict"]["a"], "b": p["verdict"]["b"],
                 "line": f"{p['check']}: {p['verdict']['a']} -> {p['verdict']['b']}: {p['title']['b']}",
             })  # fmt: skip
+    for f in new_failures:
+        name = f["perturbation"] or _finding_name(f)
+        out.append({
+            "name": name, "check": f["check"], "severity": None, "metric": "verdict", "a": None, "b": f["verdict"],
+            "line": f"{f['check']}: {f['verdict']} in B only: {f['title']}",
+        })  # fmt: skip
     return out

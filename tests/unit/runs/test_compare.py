@@ -296,3 +296,18 @@ def test_the_tolerance_file_in_the_docs_loads(tmp_path: Path) -> None:
     loaded = load_tolerances(tmp_path / "t.yaml")
     assert loaded.for_point("accuracy", "screenshot_moire").relative == 0.2
     assert loaded.for_point("cer", "frost").absolute == 0.005
+
+
+def test_a_perturbation_run_b_could_not_measure_is_a_regression(runs: Runs, tmp_path: Path) -> None:
+    doc = json.loads((runs.root / "report-a" / "results.json").read_text())
+    i = next(i for i, f in enumerate(doc["findings"]) if f["evidence"].get("perturbation") == "defocus_blur")
+    doc["findings"][i] = {  # what robustness reports when every work unit of a perturbation failed
+        "check": "robustness", "step": 2, "step_name": "robustness", "verdict": "error", "severity": "medium",
+        "title": "defocus_blur: not measured: the endpoint failed on 3 of 3 work units, 3 tries each",
+        "metrics": {}, "gate": "", "message": "", "suggestion": "",
+        "evidence": {"perturbation": "defocus_blur", "errors": ["HTTP 500"]},
+    }  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    out = _compare(runs, runs.ids["a"], str(tmp_path / "results.json"))
+    assert out["summary"]["exit_code"] == 1 and out["summary"]["regressed"] == ["defocus_blur"]
+    assert {"only_in": "a", "check": "robustness", "what": "defocus_blur (accuracy)"} in out["not_compared"]
