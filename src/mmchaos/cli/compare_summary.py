@@ -39,9 +39,9 @@ def print_comparison(console: Console, doc: dict[str, Any], out_dir: Path | None
             cells = [_cell(by_sev[s]) if s in by_sev else "" for s in sevs]
             table.add_row(*([c["check"]] if several else []), c["perturbation"], c["metric"], *cells)
         console.print(table)
-    changed = [p for p in doc["findings"] if p["verdict"]["a"] != p["verdict"]["b"]]
-    for p in changed:
-        style = "bold red" if p["regressed"] else "green" if p["improved"] else "yellow"
+    changed = [p for p in doc["findings"] if p["verdict"]["a"] != p["verdict"]["b"] and not p["regressed"]]
+    for p in changed:  # the regressed ones have their REGRESSED line below
+        style = "green" if p["improved"] else "yellow"
         console.print(
             f"[{style}]{p['verdict']['a']} -> {p['verdict']['b']}[/] {p['check']}: {p['title']['b']}", highlight=False
         )

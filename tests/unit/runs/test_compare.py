@@ -311,3 +311,14 @@ def test_a_perturbation_run_b_could_not_measure_is_a_regression(runs: Runs, tmp_
     out = _compare(runs, runs.ids["a"], str(tmp_path / "results.json"))
     assert out["summary"]["exit_code"] == 1 and out["summary"]["regressed"] == ["defocus_blur"]
     assert {"only_in": "a", "check": "robustness", "what": "defocus_blur (accuracy)"} in out["not_compared"]
+
+
+def test_the_comparison_junit_validates_against_jenkins_junit_10_xsd(runs: Runs) -> None:
+    xmlschema = pytest.importorskip("xmlschema", reason="pip install xmlschema (in the dev extra)")
+    from mmchaos.report.compare_junit import render_compare_junit
+    from tests.paths import TESTS
+
+    xml = render_compare_junit(_compare(runs, runs.ids["a"], runs.ids["degraded"]))
+    xmlschema.XMLSchema(str(TESTS / "data" / "junit-10.xsd")).validate(xml)
+    root = ET.fromstring(xml)
+    assert root.get("failures") == "1" and int(root.get("tests") or 0) > 5
