@@ -27,17 +27,24 @@ def print_comparison(console: Console, doc: dict[str, Any], out_dir: Path | None
     if curves:
         sevs = sorted({p["severity"] for c in curves for p in c["points"]})
         several = len({c["check"] for c in curves}) > 1  # one check (the usual robustness): no column for it
-        table = Table(title=f"mmchaos compare: B {b['target']} against A {a['target']}", box=box.SIMPLE_HEAD)
+        table = Table(
+            title=f"mmchaos compare: B {b['target']} against A {a['target']}",
+            box=box.SIMPLE_HEAD,
+            collapse_padding=True,
+            pad_edge=False,
+        )
         if several:
             table.add_column("check", overflow="fold")
-        table.add_column("perturbation", overflow="fold")
+        table.add_column("perturbation", no_wrap=True)
         table.add_column("metric", overflow="fold")
         for s in sevs:
             table.add_column("clean" if s == 0 else f"s{s}", no_wrap=True, min_width=9)
         for c in curves:
             by_sev = {p["severity"]: p for p in c["points"]}
             cells = [_cell(by_sev[s]) if s in by_sev else "" for s in sevs]
-            table.add_row(*([c["check"]] if several else []), c["perturbation"], c["metric"], *cells)
+            # the clean score is one per task: name the task (two retrieval directions share recall@1)
+            name = f"clean {c['task']}" if c["perturbation"] == "clean" else c["perturbation"]
+            table.add_row(*([c["check"]] if several else []), name, c["metric"], *cells)
         console.print(table)
     changed = [p for p in doc["findings"] if p["verdict"]["a"] != p["verdict"]["b"] and not p["regressed"]]
     for p in changed:  # the regressed ones have their REGRESSED line below
