@@ -322,3 +322,14 @@ def test_the_comparison_junit_validates_against_jenkins_junit_10_xsd(runs: Runs)
     xmlschema.XMLSchema(str(TESTS / "data" / "junit-10.xsd")).validate(xml)
     root = ET.fromstring(xml)
     assert root.get("failures") == "1" and int(root.get("tests") or 0) > 5
+
+
+def test_runs_of_other_data_or_an_unfinished_run_are_compared_with_a_caveat(runs: Runs, tmp_path: Path) -> None:
+    doc = json.loads((runs.root / "report-a" / "results.json").read_text())
+    doc["dataset"]["source"] = "./eval.jsonl"
+    doc["status"] = "running"
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    out = _compare(runs, runs.ids["twin"], str(tmp_path / "results.json"))
+    assert out["summary"]["exit_code"] == 0
+    assert any("differ in data" in c and "./eval.jsonl (B)" in c for c in out["caveats"]), out["caveats"]
+    assert any("is running" in c for c in out["caveats"]), out["caveats"]
