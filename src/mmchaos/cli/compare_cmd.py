@@ -23,8 +23,8 @@ ToleranceOpt = Annotated[
     float | None,
     typer.Option(
         "--tolerance",
-        help="share of A's score B may lose at any point (default 0.05; a drop must also exceed the absolute part, "
-        "0.02); wins over the file's relative parts",
+        help="share of A's score B may lose at any point (default 0.05; a drop must also exceed 0.02 and one "
+        "sample's worth); wins over the file's relative parts",
         show_default=False,
     ),
 ]
