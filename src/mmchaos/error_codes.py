@@ -139,6 +139,10 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("executor_unknown", 400, "--executor names no known executor"),
         ("fuzz_bad_kind", 400, "a saved fuzz reproducer has an unknown input kind"),
         ("output_unusable", 400, "the report folder cannot be written"),
+        ("results_invalid", 400, "a results.json given to compare is not valid JSON or not a results document"),
+        ("run_ambiguous", 400, "a run id prefix matches several stored runs"),
+        ("run_missing", 404, "a run names no stored run (or, to compare, no results.json or report folder)"),
+        ("runs_disjoint", 400, "two runs to compare have no check, perturbation or finding in common"),
         ("store_corrupt", 500, "the run store is corrupted; it is left as it is"),
         ("store_foreign", 400, "the file given as run store is not one mmchaos wrote"),
         ("store_missing", 404, "there is no run store at the given path"),
@@ -147,6 +151,7 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("store_read_only", 500, "the run store's folder cannot be written"),
         ("store_unreadable", 500, "the run store exists but cannot be read (permissions)"),
         ("store_unusable", 400, "the run store path is a folder, not a file"),
+        ("tolerances_invalid", 400, "a --tolerances file or --tolerance value is invalid"),
     ],
     "guard": [
         ("animated_image", 422, "an animated image, where the contract takes still images only"),

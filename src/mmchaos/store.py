@@ -283,14 +283,14 @@ class RunStore:
         if ref == "latest":
             row = self._db.execute("SELECT run_id FROM runs ORDER BY created DESC LIMIT 1").fetchone()
             if row is None:
-                raise StoreError(f"no runs in {self.path}")
+                raise StoreError(f"no runs in {self.path}", code="run_missing")
             return str(row[0])
         rows = self._db.execute("SELECT run_id FROM runs WHERE run_id LIKE ?", (ref.replace("%", "") + "%",)).fetchall()
         if len(rows) == 1:
             return str(rows[0][0])
         if not rows:
-            raise StoreError(f"no run {ref!r} in {self.path} (see `mmchaos runs`)")
-        raise StoreError(f"{ref!r} matches {len(rows)} runs; give more of the id")
+            raise StoreError(f"no run {ref!r} in {self.path} (see `mmchaos runs`)", code="run_missing")
+        raise StoreError(f"{ref!r} matches {len(rows)} runs; give more of the id", code="run_ambiguous")
 
     def get_run(self, run_id: str) -> RunRecord:
         row = self._db.execute(
@@ -299,7 +299,7 @@ class RunStore:
             (run_id,),
         ).fetchone()
         if row is None:
-            raise StoreError(f"no run {run_id!r} in {self.path}")
+            raise StoreError(f"no run {run_id!r} in {self.path}", code="run_missing")
         return RunRecord(
             run_id=row[0],
             created=row[1],

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from mmchaos.cli import (
+    compare_cmd,
     export_cmd,
     fuzz_cmd,
     list_cmd,
@@ -49,7 +50,18 @@ def _root(
 
 
 # One module per command; each adds itself to the app (and imports its heavy parts lazily).
-for _module in (validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd):
+for _module in (
+    validate_cmd,
+    compare_cmd,
+    runs_cmd,
+    report_cmd,
+    list_cmd,
+    export_cmd,
+    perturb_cmd,
+    proxy_cmd,
+    serve_cmd,
+    fuzz_cmd,
+):
     _module.register(app)
 
 validate = validate_cmd.validate_command

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
+from mmchaos.cli.compare_cmd import ToleranceOpt, TolerancesOpt
 from mmchaos.cli.target_flags import with_target_flags
-from mmchaos.errors import ConfigError, StoreError
+from mmchaos.errors import ConfigError, StoreError, UsageError
 from mmchaos.targets.options import TargetOptions
+
+if TYPE_CHECKING:
+    from mmchaos.suites import SuiteSpec
 
 __all__ = ["register", "validate_command"]
 
@@ -49,6 +54,17 @@ def _validate(
             show_default=False,
         ),
     ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="also gate the run against this earlier one (run id, prefix, 'latest', a results.json or report "
+            "folder): a regression past the tolerances exits 1, as in `mmchaos compare`",
+            show_default=False,
+        ),
+    ] = None,
+    tolerances: TolerancesOpt = None,
+    tolerance: ToleranceOpt = None,
     options: TargetOptions | None = None,
 ) -> None:
     """Run a suite against a target; exit 0 when every gate passes, 1 when one fails, 2 on bad input."""
@@ -84,11 +100,13 @@ def _validate(
     if resume is not None and not Path(store_path).exists():  # RunStore would create an empty one
         raise StoreError(f"no run store at {store_path} to resume {resume!r} from (see --store)")
     prepare_out_dir(out_dir)  # a bad --out is a usage error now, not after the whole suite ran
+    spec = load_suite(suite) if resume is None else None
+    gate = _baseline_gate(baseline, store_path, tolerances, tolerance, spec)
     config = None
-    if resume is None:
+    if spec is not None:
         config = RunConfig(
             target=target,
-            suite=load_suite(suite),
+            suite=spec,
             data=data,
             seed=seed,
             options=options or TargetOptions(),
@@ -103,7 +121,44 @@ def _validate(
             )  # fmt: skip
         results = write_reports(store, result.run_id, out_dir, strict=strict)
     print_summary(out, results, out_dir)
-    raise typer.Exit(results["summary"]["exit_code"])
+    code = int(results["summary"]["exit_code"])
+    if gate is not None:
+        code = max(code, gate(results, f"{store_path} run {result.run_id}", out_dir))
+    raise typer.Exit(code)
+
+
+def _baseline_gate(
+    baseline: str | None, store_path: Path, tolerances: Path | None, tolerance: float | None, suite: SuiteSpec | None
+) -> Callable[[dict[str, Any], str, Path], int] | None:
+    """For ``--baseline``: the baseline and tolerances loaded now (bad ones exit 2 before the run), and
+    the step that compares the finished run with it, writes compare.* and returns its exit code."""
+    if baseline is None:
+        if tolerances is not None or tolerance is not None:
+            raise ConfigError("--tolerances and --tolerance apply to --baseline; give the run to compare with")
+        return None
+    from mmchaos.compare import LoadedRun, compare_runs, load_run, load_tolerances, write_compare_reports
+
+    tol = load_tolerances(tolerances)
+    if tolerance is not None:
+        tol = tol.with_relative(tolerance)
+    base = load_run(baseline, store_path)
+    ran = {f["check"] for f in base.doc["findings"]}
+    if suite is not None and ran and not ran & {c.key for c in suite.checks}:
+        raise UsageError(
+            f"--baseline {baseline} ran {', '.join(sorted(ran))}, none of which suite {suite.name} runs: "
+            "nothing to compare",
+            code="runs_disjoint",
+        )
+
+    def gate(results: dict[str, Any], source: str, out_dir: Path) -> int:
+        from mmchaos.cli.compare_summary import print_comparison
+
+        doc = compare_runs(base, LoadedRun(results, source), tol)
+        write_compare_reports(doc, out_dir)
+        print_comparison(out, doc, out_dir)
+        return int(doc["summary"]["exit_code"])
+
+    return gate
 
 
 validate_command = with_target_flags(_validate)

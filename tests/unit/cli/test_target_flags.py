@@ -31,7 +31,7 @@ def test_every_command_that_loads_a_target_takes_the_same_target_flags(command: 
 
 def test_serve_takes_the_target_flags_validate_takes() -> None:
     own = {"--suite", "--data", "--out", "--store", "--seed", "--resume", "--strict", "--executor", "--ray-address",
-           "--workers", "--target", "--reference", "--help"}  # fmt: skip
+           "--workers", "--target", "--reference", "--baseline", "--tolerances", "--tolerance", "--help"}  # fmt: skip
     assert _flags("validate") - own == TARGET_FLAGS
     assert _flags("serve") >= TARGET_FLAGS
 
