@@ -44,5 +44,6 @@ for _name, _spec in {
     "text_attack": "mmchaos.checks.adversarial.text_attack:TextAttack",
     "typographic_attack": "mmchaos.checks.adversarial.typographic_attack:TypographicAttack",
     "semantic_margin": "mmchaos.checks.adversarial.semantic_margin:SemanticMargin",
+    "occlusion_attack": "mmchaos.checks.adversarial.occlusion:OcclusionAttack",
 }.items():
     REGISTRY.register(_name, _spec)
