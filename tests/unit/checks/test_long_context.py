@@ -56,3 +56,10 @@ def test_long_context_recall_cannot_pass_a_target_that_never_recalls() -> None:
 
     [finding] = run_check_class(LongContextRecall, Forgetful(), {"lengths": [0.2, 0.9]}, data=DATA)
     assert finding.verdict == Verdict.WARN and "cannot be judged" in finding.title
+
+
+def test_long_context_recall_fails_a_refusal_well_within_the_stated_limit() -> None:
+    """A server whose own limit (600) is below the one it states (1024): long prompts are refused."""
+    [finding] = run_check_class(LongContextRecall, RecallTarget(600), {"context_tokens": 1024}, data=DATA)
+    assert finding.verdict == Verdict.FAIL and "refused" in finding.title, finding.title
+    assert "context_length_exceeded" in finding.title

@@ -18,7 +18,8 @@ Two serving bugs lose the start of a long prompt without a word, and this tells 
 The gate: wherever the target recalls the fact in the shortest prompt, it must still recall it, at
 the same position, in every longer prompt within the limit. A target that recalls it nowhere, even
 in the shortest prompt (a model too small for the task), gets a warning that the check could not
-judge it, never a pass.
+judge it, never a pass. A prompt refused well within the stated limit (by more than 3% of it, the
+slack of the estimated counts) fails too: the server's limit is not the one it states.
 """
 
 from __future__ import annotations
@@ -135,16 +136,24 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
         return ctx.target.generate([Message("user", (prompt,))], params=params)
 
     def _probe(self, ctx: CheckContext) -> tuple[int, float] | str:
-        """(prompt tokens with no filler, tokens per filler word), measured."""
+        """(prompt tokens with no filler, tokens per filler word), measured: over a whole cycle of the
+        filler where it fits (its words tokenize unevenly), else over fewer words."""
         try:
             a = self._generate(ctx, self._prompt("end", "Alder", "12345", 1))
-            b = self._generate(ctx, self._prompt("end", "Alder", "12345", 5))
         except TargetCallError as exc:
             return f"a short prompt was refused ({exc.code}: {exc.message[:120]})"
-        if a.prompt_tokens is None or b.prompt_tokens is None:
+        if a.prompt_tokens is None:
             return "the target reports no prompt token counts"
-        slope = max((b.prompt_tokens - a.prompt_tokens) / 4, 1e-6)
-        return max(round(a.prompt_tokens - slope), 1), slope
+        for more in (len(_FILLER), 8, 2):
+            try:
+                b = self._generate(ctx, self._prompt("end", "Alder", "12345", 1 + more))
+            except TargetCallError:
+                continue  # too long for a small context: measure over fewer words
+            if b.prompt_tokens is None:
+                return "the target reports no prompt token counts"
+            slope = max((b.prompt_tokens - a.prompt_tokens) / more, 1e-6)
+            return max(round(a.prompt_tokens - slope), 1), slope
+        return "every prompt with filler was refused"
 
     def _ask(
         self, ctx: CheckContext, share: float, position: str, trial: int, name: str, code: str,
@@ -166,15 +175,20 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
 
     def _verdict(self, ctx: CheckContext, limit: int, cells: list[dict[str, Any]]) -> Finding:
         g = self.gate
-        shares = sorted({c["share"] for c in cells})
+        margin = max(8, round(0.03 * limit))  # token counts are estimated from the probe's slope
+        for c in cells:
+            c["within_limit"] = c["expected_prompt_tokens"] + self.params.max_new_tokens <= limit - margin
+        answered = [c for c in cells if c["outcome"] == "answered"]
+        shares = sorted({c["share"] for c in answered})
         acc: dict[str, dict[str, float]] = {}
         tokens: dict[str, int] = {}
         for share in shares:
-            row = [c for c in cells if c["share"] == share]
+            row = [c for c in answered if c["share"] == share]
             tokens[f"{share:g}"] = max(c["expected_prompt_tokens"] for c in row)
             acc[f"{share:g}"] = {
-                pos: sum(c["correct"] for c in row if c["position"] == pos) / sum(c["position"] == pos for c in row)
+                pos: sum(c["correct"] for c in row if c["position"] == pos) / n
                 for pos in POSITIONS
+                if (n := sum(c["position"] == pos for c in row))
             }
         metrics: dict[str, float] = {"context_tokens": float(limit)}
         for key, by_pos in acc.items():
@@ -189,8 +203,16 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
         table = "; ".join(
             f"{tokens[s]} tokens: " + ", ".join(f"{pos} {a:.0%}" for pos, a in r.items()) for s, r in acc.items()
         )
+        if not shares:
+            c = cells[0]
+            return self.finding(
+                ctx, Verdict.FAIL if c["within_limit"] else Verdict.WARN,
+                f"every prompt was refused, the shortest ({c['expected_prompt_tokens']} tokens, limit {limit}) "
+                f"included ({c.get('code_error')})", severity=Severity.MEDIUM, metrics=metrics, gate=gate,
+                evidence=evidence,
+            )  # fmt: skip
         first = acc[f"{shares[0]:g}"]
-        judged = [pos for pos in POSITIONS if first[pos] >= g.min_accuracy]
+        judged = [pos for pos in POSITIONS if first.get(pos, 0.0) >= g.min_accuracy]
         if not judged:
             return self.finding(
                 ctx, Verdict.WARN,
@@ -199,8 +221,9 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
                 severity=Severity.LOW, metrics=metrics, gate=gate, evidence=evidence, message=table,
                 suggestion="run it on a model that can answer the question (the tiny built-in models cannot)",
             )  # fmt: skip
-        lost = {(pos, s) for pos in judged for s in shares[1:] if acc[f"{s:g}"][pos] < g.min_accuracy}
-        refused = [c for c in cells if c["outcome"] == "refused"]
+        lost = {(pos, s) for pos in judged for s in shares[1:] if acc[f"{s:g}"].get(pos, 1.0) < g.min_accuracy}
+        refused = [c for c in cells if c["outcome"] == "refused" and c["within_limit"]]
+        evidence["refused_near_the_limit"] = sum(c["outcome"] == "refused" and not c["within_limit"] for c in cells)
         if not lost and not refused:
             return self.finding(
                 ctx, Verdict.PASS, f"the fact is recalled at every position up to {max(tokens.values())} tokens "
@@ -234,8 +257,10 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
                 "truncation length (truncate_prompt_tokens, max_input_length) to the model's limit"
             )
         else:
-            window = max((tokens[f"{s:g}"] for s in shares if all(acc[f"{s:g}"][p] >= g.min_accuracy for p in where)),
-                         default=None)  # fmt: skip
+            window = max(
+                (tokens[f"{s:g}"] for s in shares if all(acc[f"{s:g}"].get(p, 1.0) >= g.min_accuracy for p in where)),
+                default=None,
+            )
             cause = (
                 "every token was counted, yet what lies far before the question is not read: position ids "
                 "restarted at 0 past a window"
