@@ -103,11 +103,14 @@ class SaliencyOcclusion(TargetAwarePerturbation):
         super().__init__()
         self._maps: OrderedDict[bytes, Any] = OrderedDict()
         self._class_emb: Any = None
+        self._no_rollout = ""
+        """Why attention rollout failed on the bound target (then gradients are used), or ''."""
 
     def bind(self, context: BindContext) -> Self:
         super().bind(context)
         self._maps.clear()
         self._class_emb = None
+        self._no_rollout = ""
         return self
 
     @property
@@ -122,6 +125,8 @@ class SaliencyOcclusion(TargetAwarePerturbation):
             return "spectral_residual", "no target bound: target-free spectral-residual saliency"
         white_box = target.has(Capability.TORCH_MODULE, Capability.EMBED_IMAGE)
         if white_box and _find(target, "preprocess_images") is not None and _torch_available():
+            if self._no_rollout:
+                return "gradient", f"attention rollout failed ({self._no_rollout}): input gradients"
             if _vit_tower(target.torch_module()) is not None:
                 return "attention_rollout", ""
             return "gradient", "the torch module has no ViT image tower (vision_model): input gradients"
@@ -140,7 +145,12 @@ class SaliencyOcclusion(TargetAwarePerturbation):
         share = float(severity_value(self.TABLE, severity))
         rgbs = [_as_rgb(item) for item in batch]
         method, why = self.choice()
-        scores = self._cell_scores(rgbs, method)
+        try:
+            scores = self._cell_scores(rgbs, method)
+        except _RolloutFailed as exc:  # a tower that gives no attention weights: gradients, saying why
+            self._no_rollout = str(exc)
+            method, why = self.choice()
+            scores = self._cell_scores(rgbs, method)
         out = []
         for rgb, cell_score in zip(rgbs, scores, strict=True):
             h, w = rgb.shape[:2]
@@ -259,11 +269,14 @@ class SaliencyOcclusion(TargetAwarePerturbation):
 
         def rollout_maps(chunk: list[ImageArray]) -> Any:
             pixels = preprocess(chunk).float()
-            with torch.inference_mode(), _attention_weights(module) as eager:
-                out = tower(pixel_values=pixels, output_attentions=True)
-            attentions = [a.float() for a in (out.attentions or ())]
-            if not attentions:
-                raise RuntimeError(f"the image tower returned no attention weights ({eager})")
+            try:
+                with torch.inference_mode(), _attention_weights(module) as kernel:
+                    out = tower(pixel_values=pixels, output_attentions=True)
+            except (ValueError, TypeError, NotImplementedError) as exc:
+                raise _RolloutFailed(f"{type(exc).__name__}: {exc}"[:200]) from exc
+            attentions = [a.float() for a in (getattr(out, "attentions", None) or ())]
+            if not attentions or attentions[0].ndim != 4:
+                raise _RolloutFailed(f"the image tower returned no attention weights ({kernel})")
             return attention_rollout(torch, attentions)
 
         out: list[Any] = []
@@ -323,6 +336,10 @@ def random_cells(item: ImageArray, share: float, rng: np.random.Generator) -> tu
     boxes = [all_boxes[i] for i in cells]
     fill = [round(v) for v in rgb.reshape(-1, 3).mean(axis=0)]
     return _fill_boxes(item, boxes, fill), {"area": share, "cells": cells, "boxes": boxes, "fill": fill}
+
+
+class _RolloutFailed(Exception):
+    """The image tower ran but gave no attention weights to roll out (the reason is the message)."""
 
 
 def _vit_tower(module: Any) -> Any:

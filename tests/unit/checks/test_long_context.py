@@ -63,3 +63,10 @@ def test_long_context_recall_fails_a_refusal_well_within_the_stated_limit() -> N
     [finding] = run_check_class(LongContextRecall, RecallTarget(600), {"context_tokens": 1024}, data=DATA)
     assert finding.verdict == Verdict.FAIL and "refused" in finding.title, finding.title
     assert "context_length_exceeded" in finding.title
+
+
+def test_long_context_recall_reads_the_limit_through_the_runners_timing_wrapper() -> None:
+    from tests.support import run_check
+
+    [finding] = run_check(LongContextRecall(), PositionRestartTarget(window=400), DATA)
+    assert finding.verdict == Verdict.FAIL and finding.metrics["context_tokens"] == 1024
