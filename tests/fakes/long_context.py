@@ -10,6 +10,9 @@ state the same limit:
 - :class:`PositionRestartTarget`: position ids restart at 0 every ``window`` tokens and the model's
   cache is keyed on position ids, so each later token shadows the earlier one at its id: the start
   of a prompt longer than the window is never read, though every token is counted.
+
+:func:`restart_positions` does the same to a real transformers model (its rotary embedding gets
+position ids modulo a window), for the white-box position-id probe.
 """
 
 from __future__ import annotations
@@ -107,3 +110,17 @@ def left_truncating() -> Target:
 
 def position_restart() -> Target:
     return PositionRestartTarget()
+
+
+def restart_positions(module: Any, window: int) -> list[Any]:
+    """Make a real transformers model's position ids restart at 0 every ``window`` tokens (a forward
+    pre-hook on its rotary embedding, as a chunked-prefill or packing bug would hand them to it).
+    Returns the hook handles (``.remove()`` undoes it)."""
+    from mmchaos.checks.engine.long_context import rotary_modules
+
+    def restart(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if len(args) > 1:
+            return (args[0], args[1] % window, *args[2:]), kwargs
+        return args, {**kwargs, "position_ids": kwargs["position_ids"] % window}
+
+    return [m.register_forward_pre_hook(restart, with_kwargs=True) for m in rotary_modules(module)]

@@ -18,7 +18,9 @@ Two serving bugs lose the start of a long prompt without a word, and this tells 
 The gate: wherever the target recalls the fact in the shortest prompt, it must still recall it, at
 the same position, in every longer prompt within the limit. A target that recalls it nowhere, even
 in the shortest prompt (a model too small for the task), gets a warning that the check could not
-judge it, never a pass. A prompt refused well within the stated limit (by more than 3% of it, the
+judge it, never a pass. On a white-box target with a rotary embedding (the built-in tiny-vlm, ``hf:``
+VLMs) a second finding reads the position ids the model gets for the longest prompt: they must
+count 0 to n-1 (a restart at 0 fails it, naming the token). A prompt refused well within the stated limit (by more than 3% of it, the
 slack of the estimated counts) fails too: the server's limit is not the one it states.
 """
 
@@ -28,6 +30,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
@@ -37,7 +40,7 @@ from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["LongContextRecall", "context_limit_of"]
+__all__ = ["LongContextRecall", "context_limit_of", "rotary_modules"]
 
 POSITIONS = ("start", "middle", "end")
 _FILLER_TEXT = (
@@ -46,6 +49,12 @@ _FILLER_TEXT = (
 )
 _FILLER = _FILLER_TEXT.split()
 _NAMES = ("Alder", "Birch", "Cedar", "Hazel", "Maple", "Rowan", "Willow", "Aspen")
+
+
+def rotary_modules(module: Any) -> list[Any]:
+    """The rotary position embeddings of a torch module (transformers' ``*RotaryEmbedding``), which
+    get the position ids of every forward pass."""
+    return [m for _, m in module.named_modules() if type(m).__name__.endswith("RotaryEmbedding")]
 
 
 def context_limit_of(target: Target) -> int | None:
@@ -119,7 +128,69 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
                     name = _NAMES[int(rng.integers(len(_NAMES)))]
                     code = str(int(rng.integers(10_000, 100_000)))
                     cells.append(self._ask(ctx, share, position, trial, name, code, filler, base, slope))
-        yield self._verdict(ctx, limit, cells)
+        recall = self._verdict(ctx, limit, cells)
+        recall.evidence["part"] = "recall"
+        yield recall
+        longest = max(p.lengths)
+        positions = self._positions(ctx, limit, max(math.floor((longest * usable - base) / slope), 1))
+        if positions is not None:
+            yield positions
+
+    def _positions(self, ctx: CheckContext, limit: int, filler: int) -> Finding | None:
+        """White-box: the position ids the model's rotary embedding gets for the longest prompt must
+        count 0, 1, ..., n-1 (None where the target has no torch module with a rotary embedding)."""
+        inner = unwrap(ctx.target)
+        if not inner.has(Capability.TORCH_MODULE):
+            return None
+        rotary = rotary_modules(inner.torch_module())
+        if not rotary:
+            return None
+        seen: list[Any] = []
+
+        def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
+            if ids is not None and not seen:
+                seen.append(ids.detach().cpu().numpy().copy())
+
+        handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in rotary[:1]]
+        try:
+            params = GenerationParams(max_new_tokens=1, logprobs=False)
+            ctx.target.generate([Message("user", (self._prompt("start", "Alder", "12345", filler),))], params=params)
+        except TargetCallError as exc:
+            return self.finding(
+                ctx, Verdict.SKIPPED, f"the position-id probe was refused ({exc.code})", evidence={"part": "positions"}
+            )
+        finally:
+            for h in handles:
+                h.remove()
+        if not seen:
+            return self.finding(ctx, Verdict.SKIPPED, "the rotary embedding was not called with position ids",
+                                evidence={"part": "positions"})  # fmt: skip
+        ids = np.asarray(seen[0])
+        rows = ids.reshape(-1, ids.shape[-1])  # (batch,) or mrope's (3, batch): every row counts up here
+        n = int(rows.shape[-1])
+        want = np.arange(n)
+        bad = [int(np.nonzero(r != want)[0][0]) for r in rows if not np.array_equal(r, want)]
+        evidence: dict[str, Any] = {"part": "positions", "prompt_tokens": n, "module": type(rotary[0]).__name__,
+                                    "first_ids": rows[0][:4].tolist(), "last_ids": rows[0][-4:].tolist()}  # fmt: skip
+        gate = "the prefill's position ids are 0, 1, ..., n-1"
+        if not bad:
+            return self.finding(
+                ctx, Verdict.PASS, f"position ids count 0 to {n - 1} over a {n}-token prompt (limit {limit})",
+                metrics={"position_probe_tokens": float(n)}, gate=gate, evidence=evidence,
+            )  # fmt: skip
+        at = min(bad)
+        got = int(rows[0][at])
+        what = "restart at 0" if got == 0 else f"jump to {got}"
+        evidence["first_wrong"] = at
+        return self.finding(
+            ctx, Verdict.FAIL, f"position ids {what} at token {at} of a {n}-token prompt (limit {limit})",
+            severity=Severity.HIGH, metrics={"position_probe_tokens": float(n), "first_wrong_position": float(at)},
+            gate=gate, evidence=evidence,
+            message="RoPE sees token i at another position: attention between the parts of the prompt is wrong",
+            suggestion="keep position ids increasing over the whole prompt (chunked prefill, packing, cache "
+            "offsets); check rope_scaling and the max positions the server was started with",
+        )  # fmt: skip
 
     # -- requests --------------------------------------------------------------------------------
 
