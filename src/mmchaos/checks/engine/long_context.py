@@ -18,10 +18,12 @@ Two serving bugs lose the start of a long prompt without a word, and this tells 
 The gate: wherever the target recalls the fact in the shortest prompt, it must still recall it, at
 the same position, in every longer prompt within the limit. A target that recalls it nowhere, even
 in the shortest prompt (a model too small for the task), gets a warning that the check could not
-judge it, never a pass. On a white-box target with a rotary embedding (the built-in tiny-vlm, ``hf:``
-VLMs) a second finding reads the position ids the model gets for the longest prompt: they must
-count 0 to n-1 (a restart at 0 fails it, naming the token). A prompt refused well within the stated limit (by more than 3% of it, the
+judge it, never a pass. A prompt refused well within the stated limit (by more than 3% of it, the
 slack of the estimated counts) fails too: the server's limit is not the one it states.
+
+On a white-box target with a rotary embedding (the built-in tiny-vlm, ``hf:`` VLMs) a second
+finding reads the position ids the model gets for the longest prompt: they must count 0 to n-1 (a
+restart at 0 fails it, naming the token), which shows the bug on a model too small to recall.
 """
 
 from __future__ import annotations
