@@ -121,6 +121,8 @@ def restart_positions(module: Any, window: int) -> list[Any]:
     def restart(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if len(args) > 1:
             return (args[0], args[1] % window, *args[2:]), kwargs
-        return args, {**kwargs, "position_ids": kwargs["position_ids"] % window}
+        if kwargs.get("position_ids") is not None:
+            return args, {**kwargs, "position_ids": kwargs["position_ids"] % window}
+        return args, kwargs
 
     return [m.register_forward_pre_hook(restart, with_kwargs=True) for m in rotary_modules(module)]

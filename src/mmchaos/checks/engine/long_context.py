@@ -152,9 +152,10 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
         def capture(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
             if ids is not None and not seen:
-                seen.append(ids.detach().cpu().numpy().copy())
+                seen.append((type(module).__name__, ids.detach().cpu().numpy().copy()))
 
-        handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in rotary[:1]]
+        # every rotary module: a vision tower's own (Qwen2-VL's, called with a length) gives no ids
+        handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in rotary]
         try:
             params = GenerationParams(max_new_tokens=1, logprobs=False)
             ctx.target.generate([Message("user", (self._prompt("start", "Alder", "12345", filler),))], params=params)
@@ -168,12 +169,12 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
         if not seen:
             return self.finding(ctx, Verdict.SKIPPED, "the rotary embedding was not called with position ids",
                                 evidence={"part": "positions"})  # fmt: skip
-        ids = np.asarray(seen[0])
+        name, ids = seen[0][0], np.asarray(seen[0][1])
         rows = ids.reshape(-1, ids.shape[-1])  # (batch,) or mrope's (3, batch): every row counts up here
         n = int(rows.shape[-1])
         want = np.arange(n)
         bad = [int(np.nonzero(r != want)[0][0]) for r in rows if not np.array_equal(r, want)]
-        evidence: dict[str, Any] = {"part": "positions", "prompt_tokens": n, "module": type(rotary[0]).__name__,
+        evidence: dict[str, Any] = {"part": "positions", "prompt_tokens": n, "module": name,
                                     "first_ids": rows[0][:4].tolist(), "last_ids": rows[0][-4:].tolist()}  # fmt: skip
         gate = "the prefill's position ids are 0, 1, ..., n-1"
         if not bad:
