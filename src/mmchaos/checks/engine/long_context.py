@@ -339,7 +339,7 @@ class LongContextRecall(Check[LongContextRecallParams, LongContextRecallGate]):
                 "every token was counted, yet what lies far before the question is not read: position ids "
                 "restarted at 0 past a window"
                 + (f" (it still reads {window}-token prompts)" if window else "")
-                + ", or a sliding window shorter than the limit"
+                + ", a sliding window shorter than the limit, or a truncation that reports the full count"
             )
             evidence["diagnosis"] = "positions_not_read"
             suggestion = (
