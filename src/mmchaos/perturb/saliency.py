@@ -6,8 +6,8 @@ Where the saliency comes from depends on what the bound target offers:
   ``vision_model``, and preprocessing): attention rollout (Abnar & Zuidema 2020), the attention
   flow from the patches to the pooled token through every layer (heads averaged, the residual
   added as half the identity). It finds the object: on ``builtin:tiny-clip`` at 20% of the area it
-  leaves 18% of clean zero-shot accuracy where input gradients left 34% and random cells of the
-  same area 82% (see ``tests/integration/perturb/test_saliency_rollout.py``). A tower on an
+  leaves 15% of clean zero-shot accuracy where input gradients left 38% and random cells of the
+  same area 83% (see ``tests/integration/perturb/test_saliency_rollout.py``). A tower on an
   attention kernel that returns no weights (sdpa, flash) is switched to ``eager`` for the one
   forward pass and switched back;
 * ``gradient`` (white-box targets without a ViT tower): the absolute input gradient (Simonyan et
