@@ -19,6 +19,7 @@ for _name, _spec in {
     "precision": "mmchaos.checks.engine.precision:Precision",
     "context_boundary": "mmchaos.checks.engine.context_boundary:ContextBoundary",
     "image_context_boundary": "mmchaos.checks.engine.image_context_boundary:ImageContextBoundary",
+    "long_context_recall": "mmchaos.checks.engine.long_context:LongContextRecall",
     "image_token_consistency": "mmchaos.checks.engine.image_token_consistency:ImageTokenConsistency",
     "generation_precision": "mmchaos.checks.engine.generation_precision:GenerationPrecision",
     "generation_batch_invariance": "mmchaos.checks.engine.generation_batch_invariance:GenerationBatchInvariance",
@@ -44,5 +45,6 @@ for _name, _spec in {
     "text_attack": "mmchaos.checks.adversarial.text_attack:TextAttack",
     "typographic_attack": "mmchaos.checks.adversarial.typographic_attack:TypographicAttack",
     "semantic_margin": "mmchaos.checks.adversarial.semantic_margin:SemanticMargin",
+    "occlusion_attack": "mmchaos.checks.adversarial.occlusion:OcclusionAttack",
 }.items():
     REGISTRY.register(_name, _spec)

@@ -2,13 +2,25 @@
 
 Where the saliency comes from depends on what the bound target offers:
 
-* ``gradient`` (white-box targets with a torch module and preprocessing): the absolute input
-  gradient (Simonyan et al. 2014) of the image embedding's similarity to the best-matching class
-  prompt, or of the embedding's norm when no class names are bound;
+* ``attention_rollout`` (white-box targets whose torch module has a ViT image tower,
+  ``vision_model``, and preprocessing): attention rollout (Abnar & Zuidema 2020), the attention
+  flow from the patches to the pooled token through every layer (heads averaged, the residual
+  added as half the identity). It finds the object: on ``builtin:tiny-clip`` at 20% of the area it
+  leaves 15% of clean zero-shot accuracy where input gradients left 38% and random cells of the
+  same area 83% (see ``tests/integration/perturb/test_saliency_rollout.py``). A tower on an
+  attention kernel that returns no weights (sdpa, flash) is switched to ``eager`` for the one
+  forward pass and switched back;
+* ``gradient`` (white-box targets without a ViT tower): the absolute input gradient (Simonyan et
+  al. 2014) of the image embedding's similarity to the best-matching class prompt, or of the
+  embedding's norm when no class names are bound;
 * ``occlusion`` (black-box targets): occlusion sensitivity (Zeiler & Fergus 2014) on a 4 x 4
   grid, how much the embedding (or the OCR transcription) changes when each cell is blanked;
 * ``spectral_residual`` (no target, e.g. from the CLI): the target-free spectral-residual
   saliency of Hou & Zhang (2007).
+
+Every record says which method ran and, where it is not the first one, why (``fallback``).
+:func:`random_cells` blanks random cells of the same grid with the same fill: the baseline a
+saliency must beat to be finding the key regions (the ``occlusion_attack`` check compares them).
 
 Severity is the share of the image covered, taken from an 8 x 8 grid of cells in decreasing
 order of saliency. The chosen cells are recorded, so replay needs neither the target nor torch
@@ -19,8 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Self
 
 import cv2
@@ -35,6 +49,8 @@ GRID = 8
 OCCLUSION_GRID = 4
 MAX_MAPS = 16384
 """Cell-saliency maps kept per bound perturbation (8 x 8 float32 each), least recently used out first."""
+_ATTN_SWITCH = threading.Lock()
+"""Held while a tower runs on the eager kernel for its attention weights (then switched back)."""
 
 
 def _find(target: Any, attribute: str) -> Any:
@@ -87,36 +103,54 @@ class SaliencyOcclusion(TargetAwarePerturbation):
         super().__init__()
         self._maps: OrderedDict[bytes, Any] = OrderedDict()
         self._class_emb: Any = None
+        self._no_rollout = ""
+        """Why attention rollout failed on the bound target (then gradients are used), or ''."""
 
     def bind(self, context: BindContext) -> Self:
         super().bind(context)
         self._maps.clear()
         self._class_emb = None
+        self._no_rollout = ""
         return self
 
     @property
     def method(self) -> str:
         """Which saliency the bound target allows (see the module docstring)."""
+        return self.choice()[0]
+
+    def choice(self) -> tuple[str, str]:
+        """``(method, why not a better one)``; the reason is empty for the best method there is."""
         target = self.target
         if target is None:
-            return "spectral_residual"
-        if (
-            target.has(Capability.TORCH_MODULE, Capability.EMBED_IMAGE)
-            and _find(target, "preprocess_images") is not None
-            and _torch_available()
-        ):
-            return "gradient"
+            return "spectral_residual", "no target bound: target-free spectral-residual saliency"
+        white_box = target.has(Capability.TORCH_MODULE, Capability.EMBED_IMAGE)
+        if white_box and _find(target, "preprocess_images") is not None and _torch_available():
+            if self._no_rollout:
+                return "gradient", f"attention rollout failed ({self._no_rollout}): input gradients"
+            if _vit_tower(target.torch_module()) is not None:
+                return "attention_rollout", ""
+            return "gradient", "the torch module has no ViT image tower (vision_model): input gradients"
+        why = (
+            "no preprocessing access (preprocess_images) for white-box saliency"
+            if white_box
+            else "no torch module (no white-box access)"
+        )
         if target.has(Capability.EMBED_IMAGE) or target.has(Capability.READ_TEXT):
-            return "occlusion"
-        return "spectral_residual"
+            return "occlusion", f"{why}: occlusion sensitivity through the target's answers"
+        return "spectral_residual", f"{why} and no image answers to probe: spectral-residual saliency"
 
     def sample_batch(
         self, batch: Sequence[ImageArray], severity: int, rng: np.random.Generator
     ) -> list[dict[str, Any]]:
         share = float(severity_value(self.TABLE, severity))
         rgbs = [_as_rgb(item) for item in batch]
-        method = self.method
-        scores = self._cell_scores(rgbs, method)
+        method, why = self.choice()
+        try:
+            scores = self._cell_scores(rgbs, method)
+        except _RolloutFailed as exc:  # a tower that gives no attention weights: gradients, saying why
+            self._no_rollout = str(exc)
+            method, why = self.choice()
+            scores = self._cell_scores(rgbs, method)
         out = []
         for rgb, cell_score in zip(rgbs, scores, strict=True):
             h, w = rgb.shape[:2]
@@ -125,6 +159,7 @@ class SaliencyOcclusion(TargetAwarePerturbation):
             boxes = cell_boxes(h, w)
             out.append({
                 "method": method,
+                **({"fallback": why} if why else {}),
                 "area": share,
                 "cells": sorted(int(i) for i in order),
                 "boxes": [boxes[int(i)] for i in sorted(order)],
@@ -145,7 +180,9 @@ class SaliencyOcclusion(TargetAwarePerturbation):
         missing = [i for i, k in enumerate(keys) if k not in self._maps]
         if missing:
             todo = [rgbs[i] for i in missing]
-            if method == "gradient":
+            if method == "attention_rollout":
+                maps = self._rollout(todo)
+            elif method == "gradient":
                 maps = self._gradient(todo)
             elif method == "occlusion":
                 maps = self._occlusion(todo)
@@ -219,6 +256,38 @@ class SaliencyOcclusion(TargetAwarePerturbation):
                 )
         return out
 
+    def _rollout(self, rgbs: list[ImageArray]) -> list[Any]:
+        from mmchaos._lazy import require
+
+        torch = require("torch")
+        target = self.target
+        assert target is not None
+        module = target.torch_module()
+        tower = _vit_tower(module)
+        assert tower is not None
+        preprocess = _find(target, "preprocess_images")
+
+        def rollout_maps(chunk: list[ImageArray]) -> Any:
+            pixels = preprocess(chunk).float()
+            try:
+                with torch.inference_mode(), _attention_weights(module) as kernel:
+                    out = tower(pixel_values=pixels, output_attentions=True)
+            except (ValueError, TypeError, NotImplementedError) as exc:
+                raise _RolloutFailed(f"{type(exc).__name__}: {exc}"[:200]) from exc
+            attentions = [a.float() for a in (getattr(out, "attentions", None) or ())]
+            if not attentions or attentions[0].ndim != 4:
+                raise _RolloutFailed(f"the image tower returned no attention weights ({kernel})")
+            return attention_rollout(torch, attentions)
+
+        out: list[Any] = []
+        for start in range(0, len(rgbs), 32):
+            chunk = rgbs[start : start + 32]
+            maps = as_model_call(target, rollout_maps, chunk)
+            for rgb, m in zip(chunk, maps, strict=True):
+                # bilinear up to the image: cells inside one patch rank by their neighbours (a tie-break)
+                out.append(cv2.resize(m, (rgb.shape[1], rgb.shape[0]), interpolation=cv2.INTER_LINEAR))
+        return out
+
     def _occlusion(self, rgbs: list[ImageArray]) -> list[Any]:
         target = self.target
         assert target is not None
@@ -254,6 +323,66 @@ class SaliencyOcclusion(TargetAwarePerturbation):
             )
             for d, rgb in zip(drop, rgbs, strict=True)
         ]
+
+
+def random_cells(item: ImageArray, share: float, rng: np.random.Generator) -> tuple[ImageArray, dict[str, Any]]:
+    """``item`` with random cells of the same grid blanked, as many and with the same fill as
+    saliency_occlusion blanks at ``share``: the random baseline a saliency must beat (not in the
+    catalogue: it would count in the robustness score twice over block_occlusion)."""
+    rgb = _as_rgb(item)
+    k = min(GRID * GRID, max(1, math.ceil(share * GRID * GRID)))
+    cells = sorted(int(i) for i in rng.permutation(GRID * GRID)[:k])
+    all_boxes = cell_boxes(*rgb.shape[:2])
+    boxes = [all_boxes[i] for i in cells]
+    fill = [round(v) for v in rgb.reshape(-1, 3).mean(axis=0)]
+    return _fill_boxes(item, boxes, fill), {"area": share, "cells": cells, "boxes": boxes, "fill": fill}
+
+
+class _RolloutFailed(Exception):
+    """The image tower ran but gave no attention weights to roll out (the reason is the message)."""
+
+
+def _vit_tower(module: Any) -> Any:
+    """The module's ViT image tower (CLIP, SigLIP: ``vision_model`` with an ``encoder``), or None."""
+    tower = getattr(module, "vision_model", None)
+    return tower if tower is not None and hasattr(tower, "encoder") and callable(tower) else None
+
+
+@contextmanager
+def _attention_weights(module: Any) -> Iterator[str]:
+    """Run ``module`` on the eager attention kernel, the one that returns attention weights (sdpa
+    and flash kernels return none), and put back the kernel it had. Yields what was done."""
+    config = getattr(module, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    switch = getattr(module, "set_attn_implementation", None)
+    if before in (None, "eager") or not callable(switch):
+        yield f"attention kernel {before or 'unknown'}"
+        return
+    with _ATTN_SWITCH:
+        switch("eager")
+        try:
+            yield f"switched from {before} to eager for the attention weights"
+        finally:
+            switch(before)
+
+
+def attention_rollout(torch: Any, attentions: Sequence[Any]) -> Any:
+    """Abnar & Zuidema's rollout: per layer the head-averaged attention plus the identity (the
+    residual), rows renormalised, multiplied through the layers; the pooled token's row over the
+    patches (a tower without a class token: the mean row). Returns ``(N, g, g)`` float32 maps."""
+    n = int(attentions[0].shape[-1])
+    eye = torch.eye(n, dtype=torch.float32)
+    flow = eye.expand(attentions[0].shape[0], n, n)
+    for a in attentions:
+        layer = 0.5 * a.mean(dim=1) + 0.5 * eye
+        flow = (layer / layer.sum(dim=-1, keepdim=True)) @ flow
+    side = math.isqrt(n)
+    if side * side == n:  # no class token (SigLIP pools every patch)
+        rows = flow.mean(dim=1)
+    else:
+        side = math.isqrt(n - 1)
+        rows = flow[:, 0, 1:]
+    return rows[:, : side * side].reshape(-1, side, side).cpu().numpy().astype(np.float32)
 
 
 def _embed(target: Target, images: list[ImageArray], batch: int = 64) -> Any:
