@@ -3,7 +3,7 @@ and small helpers. Kept here so each check file holds one experiment and nothing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mmchaos.chaos.experiment import Experiment, jsonable
@@ -17,8 +17,10 @@ __all__ = [
     "EMBEDS",
     "TRANSPORT_KINDS",
     "closest_hint",
+    "default_stream_share",
     "experiment_finding",
     "not_run",
+    "serves_chat",
     "severity_rank",
     "transport_errors",
 ]
@@ -27,6 +29,27 @@ __all__ = [
 EMBEDS = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
 
 TRANSPORT_KINDS = ("timeout", "connect_error", "reset", "protocol_error", "other")
+
+
+def serves_chat(capabilities: Iterable[Capability]) -> bool:
+    """Whether a target's serving traffic is chat completions: it generates and embeds nothing
+    (the predicate of :func:`mmchaos.chaos.payloads.chats`, on a target before it is deployed)."""
+    caps = set(capabilities)
+    return Capability.GENERATE in caps and not caps & {Capability.EMBED_IMAGE, Capability.EMBED_TEXT}
+
+
+def default_stream_share(data: Any, share: float) -> Any:
+    """For a ``mode="before"`` validator: the check's default ``payload.stream_share`` where none is given."""
+    if not isinstance(data, dict):
+        return data
+    payload = data.get("payload")
+    if payload is None:
+        return {**data, "payload": {"stream_share": share}}
+    if isinstance(payload, dict) and payload.get("stream_share") is None:
+        return {**data, "payload": {**payload, "stream_share": share}}
+    if not isinstance(payload, dict) and getattr(payload, "stream_share", 0.0) is None:
+        return {**data, "payload": payload.model_copy(update={"stream_share": share})}
+    return data
 
 
 def closest_hint(name: str, known: Sequence[str]) -> str:
