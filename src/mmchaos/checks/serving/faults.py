@@ -19,9 +19,11 @@ from mmchaos.checks.base import Check, CheckContext, Gate
 from mmchaos.checks.serving._answers import answers_finding, known_answer_samples_for, probe_answers
 from mmchaos.checks.serving._common import (
     EMBEDS,
+    chat_params,
     closest_hint,
     default_stream_share,
     experiment_finding,
+    fit_windows,
     serves_chat,
     severity_rank,
     transport_errors,
@@ -229,7 +231,7 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
         answers_before = answers_after = None
         ex = Experiment(
             ctx,
-            p,
+            chat_params(p, chat),
             title="serving faults",
             description="each proxy fault in turn; SLO during, typed errors, recovery after removal",
         )
@@ -237,6 +239,8 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             with ex:
                 ex.warmup()
                 before = ex.steady_state("before")
+                if chat:
+                    fit_windows(ex, before)
                 if samples and not ex.stopped:
                     answers_before = probe_answers(ex, "known_answers_before", samples, p.payload.max_tokens)
                 bar.advance()
@@ -312,7 +316,13 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
                 rec = "recovery not measured (the experiment stopped first)"
             else:
                 rec = f"did not recover within {p.max_recovery_s:g} s (not gated)"
-            typed_note = "errors typed" if not mangles else "errors (bodies damaged by the fault itself)"
+            n_http = int(typed.get("http_errors", 0))
+            if mangles:
+                typed_note = "error bodies not judged (the fault damages bodies itself)"
+            elif n_http:
+                typed_note = f"{n_http} HTTP errors, all typed"
+            else:
+                typed_note = "no HTTP errors"
             cut = f", {truncated} cut streams recognised as cut" if truncated else ""
             title = f"{label}: {slo_note} during the fault, {typed_note}{cut}, {rec}"
         evidence: dict[str, Any] = {

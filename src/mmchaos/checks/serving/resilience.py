@@ -27,8 +27,10 @@ from mmchaos.checks.base import Check, CheckContext, Gate
 from mmchaos.checks.serving._answers import answers_finding, known_answer_samples_for, probe_answers
 from mmchaos.checks.serving._common import (
     EMBEDS,
+    chat_params,
     default_stream_share,
     experiment_finding,
+    fit_windows,
     not_run,
     serves_chat,
 )
@@ -160,7 +162,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
         findings: list[Finding] = []
         ex = Experiment(
             ctx,
-            p,
+            chat_params(p, chat),
             title="resilience",
             description="the model fails behind the breaker; clients meet 429 and 503",
             served=switch,
@@ -169,6 +171,8 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             with ex:
                 ex.warmup()
                 before = ex.steady_state("before")
+                if chat:
+                    fit_windows(ex, before)
                 if samples and not ex.stopped:
                     answers_before = probe_answers(ex, "known_answers_before", samples, p.payload.max_tokens)
                 bar.advance()
