@@ -82,3 +82,33 @@ def test_a_metric_that_was_not_measured_is_absent_never_a_placeholder() -> None:
 def test_unknown_stream_faults_are_refused_with_the_closest_name() -> None:
     with pytest.raises(ValueError, match="did you mean stream_cut"):
         ServingFaults.Params.model_validate({"stream_faults": ["stream_cutt"]})
+
+
+def test_slo_windows_are_widened_to_hold_enough_answers_at_the_clean_rate() -> None:
+    """A chat target answering ~2.5 requests a second never fills a 0.25 s window with 3 answers:
+    recovery could not be shown however well it did. The windows grow to hold them (x1.5)."""
+    from mmchaos.chaos.spec import SLOSpec
+    from mmchaos.chaos.windows import Phase
+    from mmchaos.checks.serving._common import fit_windows
+
+    journal: list[Any] = []
+    ex = SimpleNamespace(slo=SLOSpec.model_validate({"window_s": 0.25, "min_window_requests": 3}),
+                         activity=lambda *a, **k: journal.append(a))  # fmt: skip
+
+    def baseline(ok: int, seconds: float) -> Phase:
+        return Phase("steady_state_before", True, cast(Any, SimpleNamespace(ok=ok, duration_s=seconds)), [], {}, 0, 1)
+
+    assert fit_windows(cast(Any, ex), baseline(200, 1.0)) is None and ex.slo.window_s == 0.25  # fast: kept
+    assert fit_windows(cast(Any, ex), baseline(5, 2.0)) == pytest.approx(1.8)  # 1.5 * 3 / 2.5 per s
+    assert ex.slo.window_s == pytest.approx(1.8) and journal[0][1] == "fit_slo_windows"
+
+
+def test_chat_targets_get_two_requests_in_flight_unless_the_suite_says() -> None:
+    from mmchaos.chaos.spec import ServingParams
+    from mmchaos.checks.serving._common import chat_params
+
+    def params(given: dict[str, Any]) -> ServingParams:
+        return cast(ServingParams, ServingFaults.Params.model_validate(given))
+
+    assert chat_params(params({}), True).concurrency == 2 and chat_params(params({}), False).concurrency == 4
+    assert chat_params(params({"concurrency": 8}), True).concurrency == 8
