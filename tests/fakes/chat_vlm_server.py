@@ -16,6 +16,10 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
 - ``stale_image="first"``: every turn of a chat is answered about the chat's first image;
 - ``dies_on_disconnect``: a stream whose client leaves kills the engine (as vLLM's engine died on an
   abort race, ``AsyncEngineDeadError``): every later request is answered 500, and it never comes back;
+- ``stale_after_left=N``: streams whose client left are never freed from its cache; from the N-th
+  on, every request is answered about the image of the last one left (its block reused), fast and
+  with 200, so only answers checked against the truth show it (vLLM's aborted requests once
+  corrupted its prefix cache this way);
 - ``drop_every=N``: every N-th stream stops after its first delta, and the server closes the
   connection cleanly, with no ``finish_reason`` and no ``[DONE]`` (a worker dying mid-generation
   behind a server that does not say so): only a client that checks how a stream ends can tell.
@@ -56,6 +60,7 @@ class ChatServerConfig:
     stale_image: Literal["none", "first"] = "none"
     dies_on_disconnect: bool = False
     drop_every: int = 0
+    stale_after_left: int = 0
     slots: int = 4
     token_delay_s: float = 0.002
     """Seconds between two streamed deltas (the model's decode time per token)."""
@@ -66,6 +71,8 @@ class ChatServerConfig:
     """``dies_on_disconnect``: the engine died (every request is a 500 from then on)."""
     streams: int = 0
     """Streams started (``drop_every`` counts them)."""
+    left: int = 0
+    """Streams whose client left mid-way."""
 
 
 def _image(url: str) -> np.ndarray:
@@ -112,6 +119,8 @@ def _words(image: np.ndarray | None, question: str, max_tokens: int) -> tuple[li
 
 class _Handler(JSONHandler):
     server: _Server
+    image: np.ndarray | None = None
+    """The image the request in hand is answered about."""
 
     def _error(self, status: int, message: str) -> None:
         self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
@@ -161,6 +170,9 @@ class _Handler(JSONHandler):
             if hit is not None:
                 return hit
         image = (images[0] if config.stale_image == "first" else images[-1]) if images else None
+        self.image = image
+        if self.server.stale is not None:
+            image = self.server.stale
         answer = _words(image, question, max_tokens)
         if config.cache == "prompt_text":
             with self.server.lock:
@@ -189,6 +201,10 @@ class _Handler(JSONHandler):
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
         except OSError:  # the client left mid-stream
+            with self.server.lock:
+                config.left += 1
+                if config.stale_after_left and config.left >= config.stale_after_left:
+                    self.server.stale = self.image
             if config.dies_on_disconnect:
                 config.dead = True
             return config.leak_slots
@@ -204,6 +220,7 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.cache: dict[str, tuple[list[str], str]] = {}
+        self.stale: np.ndarray | None = None
 
 
 @contextmanager
