@@ -5,8 +5,8 @@ the breaker must open, shed calls while open and close again; a reference client
 retryable answers and honour Retry-After.
 
 A generative target is driven with chat completions, half of them streamed (``payload.stream_share``);
-the breaker sees streamed model calls fail too, the reference client retries chat requests, and a
-third probe cuts the client's streams mid-way (the proxy closes each connection half-way through its
+the breaker sees streamed model calls fail too, the reference client retries chat requests, and one
+more probe cuts the client's streams mid-way (the proxy closes each connection half-way through its
 answer): every cut stream must end in a typed client error, never come back as a complete answer.
 Known-answer questions asked before and after must still be answered right (:mod:`._answers`)."""
 
