@@ -13,7 +13,16 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
 - ``cache="prompt_text"``: a response cache keyed on the request's text alone (its images, ``user``,
   ``seed`` and ``max_tokens`` ignored): the second image under one question gets the first's answer;
 - ``leak_slots``: a stream whose client leaves keeps its slot forever (generation never aborted);
-- ``stale_image="first"``: every turn of a chat is answered about the chat's first image.
+- ``stale_image="first"``: every turn of a chat is answered about the chat's first image;
+- ``dies_on_disconnect``: a stream whose client leaves kills the engine (as vLLM's engine died on an
+  abort race, ``AsyncEngineDeadError``): every later request is answered 500, and it never comes back;
+- ``stale_after_left=N``: streams whose client left are never freed from its cache; from the N-th
+  on, every request is answered about the image of the last one left (its block reused), fast and
+  with 200, so only answers checked against the truth show it (vLLM's aborted requests once
+  corrupted its prefix cache this way);
+- ``drop_every=N``: every N-th stream stops after its first delta, and the server closes the
+  connection cleanly, with no ``finish_reason`` and no ``[DONE]`` (a worker dying mid-generation
+  behind a server that does not say so): only a client that checks how a stream ends can tell.
 
 Real HTTP on 127.0.0.1 (``http.server``), so the checks' real clients, JSON and SSE code run.
 """
@@ -49,12 +58,21 @@ class ChatServerConfig:
     cache: Literal["none", "prompt_text"] = "none"
     leak_slots: bool = False
     stale_image: Literal["none", "first"] = "none"
+    dies_on_disconnect: bool = False
+    drop_every: int = 0
+    stale_after_left: int = 0
     slots: int = 4
     token_delay_s: float = 0.002
     """Seconds between two streamed deltas (the model's decode time per token)."""
     model: str = "blackbox-vlm"
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Every request body received, in order (for the tests to read)."""
+    dead: bool = False
+    """``dies_on_disconnect``: the engine died (every request is a 500 from then on)."""
+    streams: int = 0
+    """Streams started (``drop_every`` counts them)."""
+    left: int = 0
+    """Streams whose client left mid-way."""
 
 
 def _image(url: str) -> np.ndarray:
@@ -101,6 +119,8 @@ def _words(image: np.ndarray | None, question: str, max_tokens: int) -> tuple[li
 
 class _Handler(JSONHandler):
     server: _Server
+    image: np.ndarray | None = None
+    """The image the request in hand is answered about."""
 
     def _error(self, status: int, message: str) -> None:
         self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
@@ -118,6 +138,9 @@ class _Handler(JSONHandler):
             config.requests.append(body)
         if self.path != "/v1/chat/completions":
             return self._error(404, "not found")
+        if config.dead:
+            return self._send(500, {"error": {"message": "AsyncEngineDeadError: background loop has errored",
+                                              "type": "server_error", "code": 500}})  # fmt: skip
         if not self.server.slots.acquire(blocking=False):
             return self._error(429, "all slots are busy")
         keep_slot = False
@@ -147,6 +170,9 @@ class _Handler(JSONHandler):
             if hit is not None:
                 return hit
         image = (images[0] if config.stale_image == "first" else images[-1]) if images else None
+        self.image = image
+        if self.server.stale is not None:
+            image = self.server.stale
         answer = _words(image, question, max_tokens)
         if config.cache == "prompt_text":
             with self.server.lock:
@@ -161,16 +187,27 @@ class _Handler(JSONHandler):
         self.close_connection = True
         deltas = [{"role": "assistant"}] + [{"content": w if i == 0 else " " + w} for i, w in enumerate(words)]
         events = [{"index": 0, "delta": d} for d in deltas] + [{"index": 0, "delta": {}, "finish_reason": finish}]
+        config = self.server.config
+        with self.server.lock:
+            config.streams += 1
+            dropped = bool(config.drop_every) and config.streams % config.drop_every == 0
         try:
-            for event in events:
-                time.sleep(self.server.config.token_delay_s)
+            for event in events[:2] if dropped else events:
+                time.sleep(config.token_delay_s)
                 chunk = {"id": "chatcmpl-bb", "object": "chat.completion.chunk", "choices": [event]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+            if not dropped:
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
         except OSError:  # the client left mid-stream
-            return self.server.config.leak_slots
+            with self.server.lock:
+                config.left += 1
+                if config.stale_after_left and config.left >= config.stale_after_left:
+                    self.server.stale = self.image
+            if config.dies_on_disconnect:
+                config.dead = True
+            return config.leak_slots
         return False
 
 
@@ -183,6 +220,7 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(config.slots)
         self.lock = threading.Lock()
         self.cache: dict[str, tuple[list[str], str]] = {}
+        self.stale: np.ndarray | None = None
 
 
 @contextmanager

@@ -76,9 +76,23 @@ def _chat_validator(response: httpx.Response) -> None:
         raise ValueError(f"message.content is {type(content).__name__}, not text")
 
 
+def _stream_validator(response: httpx.Response) -> None:
+    """A streamed chat answer read whole: complete (``data: [DONE]``, or choice 0's finish_reason
+    before the connection closed) and free of error events; a stream cut mid-way is a bad body."""
+    from mmchaos.targets.openai_wire import EndpointError, sse_deltas
+
+    try:
+        for _ in sse_deltas(response.text.splitlines(), "/chat/completions"):
+            pass
+    except EndpointError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> PayloadMix:
     """OpenAI ``/v1/chat/completions`` requests from the dataset: a question about one image (a
-    ``data:`` URL part and a text part), and a text-only question; greedy, ``spec.max_tokens`` long."""
+    ``data:`` URL part and a text part), and a text-only question; greedy, ``spec.max_tokens`` long.
+    A ``spec.stream_share`` of each kind is sent with ``stream: true`` (kinds ``*_stream``), read
+    whole and judged complete by its end (:func:`_stream_validator`)."""
     from mmchaos.chaos.load import LoadRequest, MixEntry, PayloadMix
     from mmchaos.errors import DataError
 
@@ -89,6 +103,9 @@ def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> Payl
 
     def body(content: str | list[dict[str, object]]) -> bytes:
         return json.dumps(chat_body(dep.model, content, max_tokens=spec.max_tokens, temperature=0)).encode()
+
+    def streamed(raw: bytes) -> bytes:
+        return json.dumps({**json.loads(raw), "stream": True}).encode()
 
     bodies: dict[str, list[bytes]] = {}
     images = [s for s in chosen if s.has_image]
@@ -103,14 +120,23 @@ def chat_mix(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> Payl
     headers = {"Content-Type": "application/json"}
 
     def factory(kind: str, options: list[bytes]) -> Callable[[random.Random], LoadRequest]:
+        validate = _stream_validator if kind.endswith("_stream") else _chat_validator
+
         def make(rng: random.Random) -> LoadRequest:
             content = options[rng.randrange(len(options))]
-            return LoadRequest(kind, path, "POST", content=content, headers=headers, validate=_chat_validator)
+            return LoadRequest(kind, path, "POST", content=content, headers=headers, validate=validate)
 
         return make
 
     weights = {"chat_image": 1.0, "chat_text": 0.25}
-    return PayloadMix([MixEntry(factory(k, v), weights[k]) for k, v in bodies.items()])
+    share = spec.stream_share or 0.0
+    entries = []
+    for kind, options in bodies.items():
+        if share < 1.0:
+            entries.append(MixEntry(factory(kind, options), weights[kind] * (1.0 - share)))
+        if share > 0.0:
+            entries.append(MixEntry(factory(f"{kind}_stream", [streamed(b) for b in options]), weights[kind] * share))
+    return PayloadMix(entries)
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
@@ -160,7 +186,8 @@ def traffic(ctx: ExperimentContext, dep: Deployment, spec: PayloadSpec) -> dict[
     which image form and why that one."""
     out: dict[str, object] = {"endpoint": good_path(dep), "images": _sends_images(ctx, dep, spec)}
     if chats(dep):
-        out.update(image_form=CHAT_IMAGE_FORM, shape="messages[0].content: image_url and text parts")
+        out.update(image_form=CHAT_IMAGE_FORM, shape="messages[0].content: image_url and text parts",
+                   streamed_share=spec.stream_share or 0.0)  # fmt: skip
     else:
         out.update(embeddings_form(dep.image_form).describe(), image_form_source=dep.image_form_source)
     return out

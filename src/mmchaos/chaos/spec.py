@@ -64,6 +64,9 @@ class PayloadSpec(Spec):
         default_factory=lambda: {"image_small": 1.0, "image_large": 0.25, "text_short": 1.0, "text_long": 0.25}
     )
     max_tokens: int = Field(8, ge=1, le=4096, description="max_tokens of chat requests (generative targets)")
+    stream_share: float | None = Field(
+        None, ge=0.0, le=1.0, description="share of chat requests streamed (None: the check's default; 0 in most)"
+    )
 
 
 class SequentialSpec(Spec):

@@ -500,6 +500,7 @@ def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_ret
     by = {f.title.split(":")[0]: f for f in findings}
     assert by["breaker"].verdict == Verdict.FAIL and "never opened" in by["breaker"].title
     assert by["breaker"].metrics["model_calls_while_failing"] > 5
+    assert "failures_to_open" not in by["breaker"].metrics  # it never opened: not measured, no -1 placeholder
     assert by["client retries"].verdict == Verdict.FAIL
     assert "0 retries get only 50% of calls through" in by["client retries"].title
     assert_torn_down(experiment(findings))

@@ -3,10 +3,13 @@ and small helpers. Kept here so each check file holds one experiment and nothing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from mmchaos.chaos.experiment import Experiment, jsonable
+from mmchaos.chaos.spec import ServingParams
 from mmchaos.chaos.windows import Phase
 from mmchaos.checks.base import AnyCheck, CheckContext
 from mmchaos.findings import Finding, Severity, Verdict
@@ -14,11 +17,16 @@ from mmchaos.registry import closest
 from mmchaos.targets.base import Capability
 
 __all__ = [
+    "CHAT_CONCURRENCY",
     "EMBEDS",
     "TRANSPORT_KINDS",
+    "chat_params",
     "closest_hint",
+    "default_stream_share",
     "experiment_finding",
+    "fit_windows",
     "not_run",
+    "serves_chat",
     "severity_rank",
     "transport_errors",
 ]
@@ -27,6 +35,43 @@ __all__ = [
 EMBEDS = (frozenset({Capability.EMBED_IMAGE}), frozenset({Capability.EMBED_TEXT}))
 
 TRANSPORT_KINDS = ("timeout", "connect_error", "reset", "protocol_error", "other")
+
+
+CHAT_CONCURRENCY = 2
+"""Closed-loop chat requests in flight when a check's parameters do not say: a generative request
+takes a model call of tens to hundreds of milliseconds, so four at once already queue behind each
+other, and a server that sheds on its expected queue wait (``mmchaos serve``: 0.5 s) answers 429 to
+clean traffic on a busy machine."""
+
+SP = TypeVar("SP", bound=ServingParams)
+
+
+def chat_params(params: SP, chat: bool) -> SP:
+    """``params`` for a chat target: :data:`CHAT_CONCURRENCY` unless ``concurrency`` was given."""
+    if not chat or "concurrency" in params.model_fields_set:
+        return params
+    return params.model_copy(update={"concurrency": min(params.concurrency, CHAT_CONCURRENCY)})
+
+
+def serves_chat(capabilities: Iterable[Capability]) -> bool:
+    """Whether a target's serving traffic is chat completions: it generates and embeds nothing
+    (the predicate of :func:`mmchaos.chaos.payloads.chats`, on a target before it is deployed)."""
+    caps = set(capabilities)
+    return Capability.GENERATE in caps and not caps & {Capability.EMBED_IMAGE, Capability.EMBED_TEXT}
+
+
+def default_stream_share(data: Any, share: float) -> Any:
+    """For a ``mode="before"`` validator: the check's default ``payload.stream_share`` where none is given."""
+    if not isinstance(data, dict):
+        return data
+    payload = data.get("payload")
+    if payload is None:
+        return {**data, "payload": {"stream_share": share}}
+    if isinstance(payload, dict) and payload.get("stream_share") is None:
+        return {**data, "payload": {**payload, "stream_share": share}}
+    if not isinstance(payload, dict) and getattr(payload, "stream_share", 0.0) is None:
+        return {**data, "payload": payload.model_copy(update={"stream_share": share})}
+    return data
 
 
 def closest_hint(name: str, known: Sequence[str]) -> str:
@@ -113,6 +158,29 @@ def experiment_finding(
         suggestion=suggestion,
         evidence=evidence,
     )
+
+
+def fit_windows(ex: Experiment, baseline: Phase, *, headroom: float = 1.5) -> float | None:
+    """Widen the SLO windows to hold ``min_window_requests`` answers at the rate the service showed on
+    clean traffic (times ``headroom``); the new length, or None when they already do.
+
+    A chat target answers a few requests a second: a window of the suite's length (0.25 s) then
+    never holds enough answers to be judged, so the service could never be shown to recover, or a
+    fault to break the SLO, however well it did. The change is journaled (``fit_slo_windows``)."""
+    r = baseline.result
+    if r is None or r.ok == 0 or r.duration_s <= 0:
+        return None
+    rate = r.ok / r.duration_s
+    need = headroom * ex.slo.min_window_requests / rate
+    if need <= ex.slo.window_s:
+        return None
+    window = min(60.0, math.ceil(need / 0.05) * 0.05)
+    before = ex.slo.window_s
+    ex.slo = ex.slo.model_copy(update={"window_s": window})
+    ex.activity("action", "fit_slo_windows", time.monotonic(),
+                {"window_s": before, "fitted_window_s": window, "clean_rate_rps": round(rate, 3),
+                 "min_window_requests": ex.slo.min_window_requests, "headroom": headroom})  # fmt: skip
+    return window
 
 
 def transport_errors(ph: Phase) -> dict[str, int]:

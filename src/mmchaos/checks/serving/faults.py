@@ -10,22 +10,29 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from mmchaos.chaos.experiment import Experiment, jsonable
 from mmchaos.chaos.spec import ServingParams, Spec
 from mmchaos.chaos.windows import Phase
 from mmchaos.checks.base import Check, CheckContext, Gate
+from mmchaos.checks.serving._answers import answers_finding, known_answer_samples_for, probe_answers
 from mmchaos.checks.serving._common import (
     EMBEDS,
+    chat_params,
     closest_hint,
+    default_stream_share,
     experiment_finding,
+    fit_windows,
+    serves_chat,
     severity_rank,
     transport_errors,
 )
 from mmchaos.findings import Finding, Severity, Step, Verdict
+from mmchaos.targets.base import Capability
+from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["DEFAULT_FAULTS", "FAULT_CATALOGUE", "CustomFault", "ServingFaults"]
+__all__ = ["DEFAULT_FAULTS", "DEFAULT_STREAM_FAULTS", "FAULT_CATALOGUE", "CustomFault", "ServingFaults"]
 
 
 Level = Literal["moderate", "heavy"]
@@ -105,6 +112,25 @@ FAULT_CATALOGUE: dict[str, dict[Level, FaultLevel]] = {
         "moderate": FaultLevel(_t("http_drop_header", {"headers": ["Content-Type"]}, toxicity=0.05), "within_slo"),
         "heavy": FaultLevel(_t("http_drop_header", {"headers": ["Content-Type"]}), "within_slo"),
     },
+    # mid-stream faults (chat targets): server-sent events cut, reset, sliced or stalled part-way.
+    # A streamed chat answer is a few KB (one event per token); 600 bytes lets the headers and the
+    # first events through, then closes: the client holds a partial stream.
+    "stream_cut": {
+        "moderate": FaultLevel(_t("limit_data", {"bytes": 600}, toxicity=0.2), "degraded"),
+        "heavy": FaultLevel(_t("limit_data", {"bytes": 600}), "degraded"),
+    },
+    "stream_reset": {
+        "moderate": FaultLevel(_t("reset_peer", {"timeout": 40}, toxicity=0.2), "degraded"),
+        "heavy": FaultLevel(_t("reset_peer", {"timeout": 20}), "degraded"),
+    },
+    "stream_slicer": {
+        "moderate": FaultLevel(_t("slicer", {"average_size": 24, "size_variation": 16, "delay": 200}), "within_slo"),
+        "heavy": FaultLevel(_t("slicer", {"average_size": 3, "size_variation": 2, "delay": 2000}), "degraded"),
+    },
+    "stream_stall": {
+        "moderate": FaultLevel(_t("latency", {"latency": 100, "jitter": 100}), "within_slo"),
+        "heavy": FaultLevel(_t("latency", {"latency": 1500, "jitter": 1000}), "degraded"),
+    },
 }
 DEFAULT_FAULTS = [
     "latency",
@@ -119,6 +145,10 @@ DEFAULT_FAULTS = [
     "http_corrupt",
     "http_truncate",
 ]
+CHAT_STREAM_SHARE = 0.5
+"""Chat targets: the share of the good traffic streamed, unless ``payload.stream_share`` says."""
+DEFAULT_STREAM_FAULTS = ["stream_cut", "stream_reset", "stream_slicer", "stream_stall"]
+"""Run after ``faults`` where the good traffic is chat (it streams); ignored for embeddings targets."""
 _MANGLES_BODIES = frozenset({"http_corrupt", "http_truncate", "http_drop_header", "limit_data"})
 """Toxic types that damage answers themselves: an unreadable error body there is the fault's doing."""
 
@@ -141,11 +171,23 @@ class CustomFault(Spec):
 
 class ServingFaultsParams(ServingParams):
     faults: list[str] = Field(default_factory=lambda: list(DEFAULT_FAULTS), description="catalogue names")
+    stream_faults: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_STREAM_FAULTS),
+        description="catalogue names run after `faults` on chat targets (streamed traffic); ignored otherwise",
+    )
+    known_answers: int = Field(
+        4, ge=0, le=6, description="chat targets: known-answer questions asked before and after the faults"
+    )
     levels: list[Level] = Field(default_factory=lambda: list(_LEVELS), min_length=1)
     custom: list[CustomFault] = Field(default_factory=list, description="faults of your own, run after the rest")
     fault_s: float = Field(1.0, gt=0.0, le=600.0, description="seconds each fault is held")
 
-    @field_validator("faults")
+    @model_validator(mode="before")
+    @classmethod
+    def _streamed(cls, data: Any) -> Any:
+        return default_stream_share(data, CHAT_STREAM_SHARE)
+
+    @field_validator("faults", "stream_faults")
     @classmethod
     def _known(cls, value: list[str]) -> list[str]:
         for name in value:
@@ -158,6 +200,9 @@ class ServingFaultsGate(Gate):
     typed_errors: bool = Field(True, description="every HTTP error answer is an OpenAI error JSON")
     recovery: bool = Field(True, description="the SLO holds again within max_recovery_s of removing a fault")
     within_slo: bool = Field(True, description="faults expected within the SLO (moderate latency ...) stay in it")
+    answers_kept: bool = Field(
+        True, description="chat targets: known-answer questions answered right before the faults still are after"
+    )
 
 
 class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
@@ -165,25 +210,28 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
 
     name = "serving_faults"
     step = Step.SERVING
-    requires = EMBEDS
+    requires = (*EMBEDS, frozenset({Capability.GENERATE}))  # generative targets: chat completions
 
-    def plan(self) -> list[tuple[str, str, FaultLevel]]:
+    def plan(self, chat: bool = False) -> list[tuple[str, str, FaultLevel]]:
+        """The faults in the order run; ``chat``: the stream faults after the others."""
         p = self.params
-        out: list[tuple[str, str, FaultLevel]] = [
-            (f, lvl, FAULT_CATALOGUE[f][lvl]) for f in p.faults for lvl in p.levels
-        ]
+        names = list(p.faults) + [f for f in p.stream_faults if f not in p.faults] if chat else list(p.faults)
+        out: list[tuple[str, str, FaultLevel]] = [(f, lvl, FAULT_CATALOGUE[f][lvl]) for f in names for lvl in p.levels]
         out += [(c.name, "custom", FaultLevel(c.toxic, c.expect)) for c in p.custom]
         return out
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
-        plan = self.plan()
+        chat = serves_chat(unwrap(ctx.target).capabilities)
+        plan = self.plan(chat)
         bar = ctx.progress.task(f"{ctx.check_id}: faults", total=len(plan) + 2)
         findings: list[Finding] = []
         not_run: list[str] = []
+        samples = known_answer_samples_for(ctx, p.known_answers) if chat else []
+        answers_before = answers_after = None
         ex = Experiment(
             ctx,
-            p,
+            chat_params(p, chat),
             title="serving faults",
             description="each proxy fault in turn; SLO during, typed errors, recovery after removal",
         )
@@ -191,6 +239,10 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             with ex:
                 ex.warmup()
                 before = ex.steady_state("before")
+                if chat:
+                    fit_windows(ex, before)
+                if samples and not ex.stopped:
+                    answers_before = probe_answers(ex, "known_answers_before", samples, p.payload.max_tokens)
                 bar.advance()
                 if not before.met(ex.slo) or ex.stopped:
                     not_run = [f"{f}/{lvl}" for f, lvl, _ in plan]
@@ -203,10 +255,15 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
                         bar.advance()
                     if not ex.stopped:
                         ex.steady_state("after")
+                    if answers_before is not None and not ex.stopped:
+                        answers_after = probe_answers(ex, "known_answers_after", samples, p.payload.max_tokens)
                 bar.advance()
         finally:
             bar.close()
         yield from findings
+        if answers_before is not None:
+            yield answers_finding(self, ctx, answers_before, answers_after, gated=self.gate.answers_kept,
+                                  after_what="the faults")  # fmt: skip
         extra = {"not_run": not_run} if not_run else {}
         yield experiment_finding(self, ctx, ex, title="serving faults experiment", extra=extra)
 
@@ -247,12 +304,27 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             severity = max(severity, Severity.MEDIUM, key=severity_rank)
         verdict = Verdict.FAIL if problems else Verdict.PASS
         r = during.result
+        truncated = _truncated_streams(during)
         if problems:
             title = f"{label}: " + "; ".join(problems)
         else:
-            slo_note = "within SLO" if within else "outside SLO (expected)"
-            rec = "n/a" if recovery_s is None else f"{recovery_s:.2f} s"
-            title = f"{label}: {slo_note} during the fault, errors typed, recovered in {rec}"
+            answered = r is not None and r.attempted > 0
+            slo_note = "no request completed" if not answered else "within SLO" if within else "outside SLO (expected)"
+            if recovery_s is not None:
+                rec = f"recovered in {recovery_s:.2f} s"
+            elif recovery is None:
+                rec = "recovery not measured (the experiment stopped first)"
+            else:
+                rec = f"did not recover within {p.max_recovery_s:g} s (not gated)"
+            n_http = int(typed.get("http_errors", 0))
+            if mangles:
+                typed_note = "error bodies not judged (the fault damages bodies itself)"
+            elif n_http:
+                typed_note = f"{n_http} HTTP errors, all typed"
+            else:
+                typed_note = "no HTTP errors"
+            cut = f", {truncated} cut streams recognised as cut" if truncated else ""
+            title = f"{label}: {slo_note} during the fault, {typed_note}{cut}, {rec}"
         evidence: dict[str, Any] = {
             "fault": fault,
             "level": level,
@@ -263,6 +335,7 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             "recovery_s": recovery_s,
             "recovery_resolution_s": ex.slo.window_s,
             "typed_check": "exempt: the fault damages answer bodies itself" if mangles else "applied",
+            "truncated_streams": truncated,
             "seed": ex.seed,
         }
         if aborted_here:
@@ -286,15 +359,16 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             verdict,
             title,
             severity=severity if verdict == Verdict.FAIL else Severity.INFO,
-            metrics={
-                "during_success_rate": during.success_rate,
-                "during_p99_ms": float(during.p99_ms if during.p99_ms is not None else -1.0),
-                "recovery_s": float(recovery_s if recovery_s is not None else -1.0),
-                "http_errors": float(typed.get("http_errors", 0)),
-                "untyped_errors": float(untyped),
-                "transport_errors": float(sum(transport_errors(during).values())),
-                "requests": float(r.sent if r is not None else 0),
-            },
+            metrics=_measured(
+                during_success_rate=during.success_rate if r is not None and r.attempted else None,
+                during_p99_ms=during.p99_ms,
+                recovery_s=recovery_s,
+                http_errors=float(typed.get("http_errors", 0)),
+                untyped_errors=float(untyped),
+                transport_errors=float(sum(transport_errors(during).values())),
+                truncated_streams=float(truncated) if r is not None else None,
+                requests=float(r.sent if r is not None else 0),
+            ),
             gate=(
                 ("within SLO during; " if guarded else "")
                 + ("typed errors; " if g.typed_errors else "")
@@ -304,3 +378,16 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             suggestion=suggestion,
             evidence=jsonable(evidence),
         )
+
+
+def _truncated_streams(ph: Phase) -> int:
+    """Streamed answers of the phase that came back 200 but cut (no ``[DONE]``, no finish_reason):
+    the load driver's validator recognised them and counted them as bad bodies."""
+    if ph.result is None:
+        return 0
+    return sum(1 for r in ph.result.records if r.kind.endswith("_stream") and r.error == "bad_body")
+
+
+def _measured(**values: float | None) -> dict[str, float]:
+    """The metrics that were measured; one that was not is left out, never a placeholder number."""
+    return {k: float(v) for k, v in values.items() if v is not None}

@@ -2,30 +2,46 @@
 
 The served target is wrapped in a :class:`FailSwitch` so the upstream can be made to fail on cue;
 the breaker must open, shed calls while open and close again; a reference client must retry
-retryable answers and honour Retry-After."""
+retryable answers and honour Retry-After.
+
+A generative target is driven with chat completions, half of them streamed (``payload.stream_share``);
+the breaker sees streamed model calls fail too, the reference client retries chat requests, and one
+more probe cuts the client's streams mid-way (the proxy closes each connection half-way through its
+answer): every cut stream must end in a typed client error, never come back as a complete answer.
+Known-answer questions asked before and after must still be answered right (:mod:`._answers`)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mmchaos.chaos.experiment import Experiment, jsonable
 from mmchaos.chaos.spec import ServingParams
 from mmchaos.checks.base import Check, CheckContext, Gate
+from mmchaos.checks.serving._answers import answers_finding, known_answer_samples_for, probe_answers
 from mmchaos.checks.serving._common import (
     EMBEDS,
+    chat_params,
+    default_stream_share,
     experiment_finding,
+    fit_windows,
     not_run,
+    serves_chat,
 )
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
+from mmchaos.targets.generation import GenerationParams
 from mmchaos.targets.wrappers import DelegatingTarget, unwrap
+
+if TYPE_CHECKING:
+    from mmchaos.data.base import Sample
+    from mmchaos.targets.openai_http import OpenAITarget
 
 __all__ = ["FailSwitch", "ServingResilience"]
 
@@ -53,8 +69,22 @@ class FailSwitch(DelegatingTarget):
             raise RuntimeError(_INJECTED)
         return fn(*args)
 
+    def generate_stream(
+        self, prompt: Any, images: Sequence[Any] = (), params: GenerationParams | None = None
+    ) -> Iterator[str]:
+        # A stream is a model call too: it fails at its start, before its first delta, as a
+        # model that is down does (the delegate passes streams through uncounted).
+        return self.call(super().generate_stream, prompt, images, params)
 
+
+CHAT_STREAM_SHARE = 0.5
+"""Chat targets: the share of the good traffic streamed, unless ``payload.stream_share`` says."""
 _INJECTED = "injected upstream failure (mmchaos serving_resilience)"
+_CHAT_PARAMS = GenerationParams(max_new_tokens=4, temperature=0.0)
+"""What the retry probes ask a chat target: greedy and short (what is judged is the retrying)."""
+_OPEN_QUESTION = "Describe the picture in a few words."
+"""What the cut-stream probe asks: an open question, so the answer runs to max_tokens and a stream
+cut half-way through its bytes is cut in its text too."""
 _PROBE_BACKOFF_S = 0.01
 """Backoff base of the reference client in the retry probes (its default is 0.1 s)."""
 
@@ -88,6 +118,15 @@ class ServingResilienceParams(ServingParams):
     retry_calls: int = Field(20, ge=1, le=10_000)
     retry_toxicity: float = Field(0.5, gt=0.0, lt=1.0, description="share of answers turned into 429")
     retry_after_s: int = Field(1, ge=1, le=30, description="Retry-After of the 503 the client must honour")
+    stream_calls: int = Field(3, ge=0, le=100, description="chat targets: client streams cut mid-way (0: no probe)")
+    known_answers: int = Field(
+        3, ge=0, le=6, description="chat targets: known-answer questions asked before and after the method"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _streamed(cls, data: Any) -> Any:
+        return default_stream_share(data, CHAT_STREAM_SHARE)
 
 
 class ServingResilienceGate(Gate):
@@ -96,6 +135,9 @@ class ServingResilienceGate(Gate):
     min_retry_success_rate: float = Field(
         0.85, ge=0.0, le=1.0, description="calls the client's retry policy gets through the 429s (expected rate)"
     )
+    answers_kept: bool = Field(
+        True, description="chat targets: known-answer questions answered right before the method still are after"
+    )
 
 
 class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
@@ -103,7 +145,7 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
 
     name = "serving_resilience"
     step = Step.SERVING
-    requires = EMBEDS
+    requires = (*EMBEDS, frozenset({Capability.GENERATE}))  # generative targets: chat completions
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
@@ -112,11 +154,15 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
         inner = unwrap(ctx.target)
         remote = isinstance(inner, OpenAITarget)
         switch = None if remote or not p.breaker else FailSwitch(ctx.target)  # timed: model time
+        chat = serves_chat(inner.capabilities)
+        samples = known_answer_samples_for(ctx, p.known_answers) if chat else []
+        answers_before = answers_after = None
+        ran: list[str] = []  # what the method did, for the known-answer finding's wording
         bar = ctx.progress.task(f"{ctx.check_id}: resilience", total=3)
         findings: list[Finding] = []
         ex = Experiment(
             ctx,
-            p,
+            chat_params(p, chat),
             title="resilience",
             description="the model fails behind the breaker; clients meet 429 and 503",
             served=switch,
@@ -125,15 +171,26 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             with ex:
                 ex.warmup()
                 before = ex.steady_state("before")
+                if chat:
+                    fit_windows(ex, before)
+                if samples and not ex.stopped:
+                    answers_before = probe_answers(ex, "known_answers_before", samples, p.payload.max_tokens)
                 bar.advance()
                 if before.met(ex.slo):
                     if switch is not None:
                         findings.append(self._breaker(ctx, ex, switch))
+                        ran.append("the model failed")
                     bar.advance()
                     if p.retries and not ex.stopped:
                         findings.append(self._retries(ctx, ex))
+                        ran.append("clients met 429 and 503")
+                    if chat and p.stream_calls and samples and not ex.stopped:
+                        findings.append(self._cut_streams(ctx, ex, samples))
+                        ran.append("streams were cut")
                     if not ex.stopped:
                         ex.steady_state("after")
+                    if answers_before is not None and not ex.stopped:
+                        answers_after = probe_answers(ex, "known_answers_after", samples, p.payload.max_tokens)
                 bar.advance()
         finally:
             bar.close()
@@ -149,6 +206,10 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
                 ),
             )
         yield from findings
+        if answers_before is not None:
+            what = f"the method ({', '.join(ran)})" if ran else "the method"
+            yield answers_finding(self, ctx, answers_before, answers_after, gated=self.gate.answers_kept,
+                                  after_what=what)  # fmt: skip
         yield experiment_finding(self, ctx, ex, title="resilience experiment")
 
     def _breaker(self, ctx: CheckContext, ex: Experiment, switch: FailSwitch) -> Finding:
@@ -226,11 +287,13 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             ),
             severity=Severity.HIGH if problems else Severity.INFO,
             metrics={
-                "failures_to_open": float(opened_after if opened_after is not None else -1),
+                # what was not measured (the breaker never opened, the service never recovered) is
+                # left out, never a placeholder number
+                **({"failures_to_open": float(opened_after)} if opened_after is not None else {}),
                 "rejected_503": float(rejected),
                 "model_calls_while_failing": float(calls_failing),
                 "model_calls_while_open": float(switch.calls_while_open),
-                "recovery_s": float(recovery_s if recovery_s is not None else -1.0),
+                **({"recovery_s": float(recovery_s)} if recovery_s is not None else {}),
             },
             gate=(
                 f"opens within {g.max_failures_to_open} failures; <= {g.max_calls_while_open} model calls while "
@@ -255,46 +318,62 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             ),
         )
 
-    def _retries(self, ctx: CheckContext, ex: Experiment) -> Finding:
+    def _client(self, ctx: CheckContext, ex: Experiment, max_retries: int) -> tuple[OpenAITarget, Any]:
+        """The reference client (mmchaos's own ``openai:`` target) through the proxy, its requests in
+        the experiment's ledger and its attempts recorded by the transport."""
         import httpx
 
         from mmchaos.chaos.budget import budgeted_transports
-        from mmchaos.targets.openai_http import EndpointError, OpenAITarget
+        from mmchaos.targets.openai_http import OpenAITarget
 
         p = self.params
-        g = self.gate
         _, sync_cls = budgeted_transports()
         inner = unwrap(ctx.target)
         key_env = inner.api_key_env if isinstance(inner, OpenAITarget) else "MMCHAOS_SERVING_NO_API_KEY"
         caps = ex.dep.capabilities
         text = Capability.EMBED_TEXT in caps
+        capability = (
+            Capability.GENERATE if serves_chat(caps) else Capability.EMBED_TEXT if text else Capability.EMBED_IMAGE
+        )
+        transport = sync_cls(httpx.HTTPTransport(verify=ex.tls), ex.ledger, ex.inspector)
+        target = OpenAITarget(
+            f"{ex.dep.url}{ex.dep.prefix}",
+            model=ex.dep.model,
+            capabilities=[capability],
+            image_input=ex.dep.image_form,
+            api_key_env=key_env,
+            timeout=p.request_timeout_s,
+            max_retries=max_retries,
+            # What the probes judge (which answers are retried, how many calls get through, the
+            # amplification, Retry-After honoured) does not depend on how long the client backs
+            # off between retries without a Retry-After; a short base keeps the 429 probe short.
+            backoff_base=_PROBE_BACKOFF_S,
+            max_retry_after=float(p.retry_after_s) + 5.0,
+            max_concurrency=1,
+            allow_remote=not p.budget.loopback_only,
+            transport=transport,
+            seed=ex.seed,
+        )
+        return target, transport
+
+    def _retries(self, ctx: CheckContext, ex: Experiment) -> Finding:
+        from mmchaos.targets.openai_http import EndpointError
+
+        p = self.params
+        g = self.gate
+        caps = ex.dep.capabilities
+        chat = serves_chat(caps)
+        text = Capability.EMBED_TEXT in caps
         image = np.full((32, 32, 3), 120, np.uint8)
 
         def client(max_retries: int) -> tuple[OpenAITarget, Any]:
-            transport = sync_cls(httpx.HTTPTransport(verify=ex.tls), ex.ledger, ex.inspector)
-            target = OpenAITarget(
-                f"{ex.dep.url}{ex.dep.prefix}",
-                model=ex.dep.model,
-                capabilities=[Capability.EMBED_TEXT if text else Capability.EMBED_IMAGE],
-                image_input=ex.dep.image_form,
-                api_key_env=key_env,
-                timeout=p.request_timeout_s,
-                max_retries=max_retries,
-                # What the probes judge (which answers are retried, how many calls get through, the
-                # amplification, Retry-After honoured) does not depend on how long the client backs
-                # off between retries without a Retry-After; a short base keeps the 429 probe short.
-                backoff_base=_PROBE_BACKOFF_S,
-                max_retry_after=float(p.retry_after_s) + 5.0,
-                max_concurrency=1,
-                allow_remote=not p.budget.loopback_only,
-                transport=transport,
-                seed=ex.seed,
-            )
-            return target, transport
+            return self._client(ctx, ex, max_retries)
 
         def call(t: OpenAITarget) -> str | None:
             try:
-                if text:
+                if chat:
+                    t.generate("What colour is the shape?", [image], _CHAT_PARAMS)
+                elif text:
                     t.embed_texts(["a photo of a red circle"])
                 else:
                     t.embed_images([image])
@@ -413,3 +492,104 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             ),
             evidence=jsonable({"client": "mmchaos openai: target (the reference client)", "probes": probes}),
         )
+
+    def _cut_streams(self, ctx: CheckContext, ex: Experiment, samples: Sequence[Sample]) -> Finding:
+        """The proxy closes each of the reference client's streams half-way through its answer: every
+        one must end in a typed client error (or, retried, in the complete answer), never come back
+        to the caller as if it were complete."""
+        import httpx
+
+        from mmchaos.chaos.budget import budgeted_transports
+        from mmchaos.targets.openai_http import EndpointError
+
+        p = self.params
+        params = GenerationParams(max_new_tokens=p.payload.max_tokens, temperature=0.0)
+        started = time.monotonic()
+        ex.inspector.phase = "cut_streams"
+        rows: list[dict[str, Any]] = []
+        t, _ = self._client(ctx, ex, p.client_max_retries)
+        _, sync_cls = budgeted_transports()
+        raw = httpx.Client(transport=sync_cls(httpx.HTTPTransport(verify=ex.tls), ex.ledger, ex.inspector),
+                           headers=dict(ex.dep.auth), timeout=p.request_timeout_s, trust_env=False)  # fmt: skip
+        try:
+            for i in range(p.stream_calls):
+                if ex.ledger.remaining_requests() <= 8 or ex.stopped:
+                    break
+                s = samples[i % len(samples)]
+                image, question = s.load_image(), _OPEN_QUESTION
+                row: dict[str, Any] = {"call": i, "question": question}
+                try:  # the clean stream: what the complete answer is, and how many bytes it takes
+                    clean = "".join(t.generate_stream(question, [image], params))
+                except EndpointError as exc:
+                    rows.append({**row, "outcome": f"clean stream failed: {exc.code}"})
+                    continue
+                cut_at = _half_way(raw, ex, question, image, p.payload.max_tokens)
+                if cut_at is None:
+                    rows.append({**row, "outcome": "clean stream not measured"})
+                    continue
+                row.update(clean=clean[:80], cut_after_bytes=cut_at)
+                ex.add_toxic({"name": "cut-streams", "type": "limit_data", "attributes": {"bytes": cut_at}})
+                try:
+                    got = "".join(t.generate_stream(question, [image], params))
+                except EndpointError as exc:
+                    row.update(outcome="typed error", code=exc.code)
+                else:
+                    row.update(outcome="complete" if got == clean else "accepted cut", got=got[:80])
+                finally:
+                    ex.remove_faults("end of cut stream")
+                rows.append(row)
+        finally:
+            t.close()
+            raw.close()
+        ex.activity("probe", "cut_streams", started, {"calls": rows})
+        cut = [r for r in rows if "cut_after_bytes" in r]
+        typed = [r for r in cut if r["outcome"] == "typed error"]
+        accepted = [r for r in cut if r["outcome"] == "accepted cut"]
+        complete = [r for r in cut if r["outcome"] == "complete"]
+        codes: dict[str, int] = {}
+        for r in typed:
+            codes[r["code"]] = codes.get(r["code"], 0) + 1
+        metrics = {"cut_calls": float(len(cut)), "typed_errors": float(len(typed)),
+                   "accepted_cut": float(len(accepted)), "complete": float(len(complete))}  # fmt: skip
+        gate = "a stream cut mid-way ends in a typed client error or the complete answer, never a partial one"
+        evidence = jsonable({"client": "mmchaos openai: target (the reference client)", "calls": rows})
+        if accepted:
+            message = (f"{len(accepted)} of {len(cut)} streams cut half-way came back to the caller as complete "
+                       f"answers (e.g. {accepted[0]['got']!r} for {accepted[0]['clean']!r})")  # fmt: skip
+            return self.finding(
+                ctx, Verdict.FAIL, f"cut streams: {message}", severity=Severity.HIGH, metrics=metrics, gate=gate,
+                message=message, evidence=evidence,
+                suggestion="a stream is complete only at data: [DONE] or choice 0's finish_reason: raise on "
+                "anything else (the openai SDK and mmchaos's client do), never hand a cut answer on as whole",
+            )  # fmt: skip
+        if not typed:
+            why = ("no stream could be cut: " + "; ".join(sorted({str(r["outcome"]) for r in rows}))) if rows else (
+                "no stream was asked (budget)")  # fmt: skip
+            return self.finding(ctx, Verdict.WARN, f"cut streams: not tested ({why})", severity=Severity.LOW,
+                                metrics=metrics, gate=gate, message=why, evidence=evidence)  # fmt: skip
+        shown = ", ".join(f"{c} x{n}" for c, n in sorted(codes.items()))
+        extra = f"; {len(complete)} completed before the cut" if complete else ""
+        return self.finding(
+            ctx, Verdict.PASS,
+            f"cut streams: {len(typed)} of {len(cut)} streams cut half-way ended in a typed client error ({shown})"
+            + extra, metrics=metrics, gate=gate, evidence=evidence,
+        )  # fmt: skip
+
+
+def _half_way(raw: Any, ex: Experiment, question: str, image: Any, max_tokens: int) -> int | None:
+    """Bytes of a clean streamed answer's status line, headers and half its body: a ``limit_data``
+    toxic of that size closes the connection in the middle of its events (None: it did not answer)."""
+    from mmchaos.chaos.payloads import png_data_url
+    from mmchaos.checks.evidence import png_bytes
+    from mmchaos.targets.openai_forms import chat_body, chat_image_content
+
+    content = chat_image_content([png_data_url(png_bytes(image))], question)
+    body = chat_body(ex.dep.model, content, max_tokens=max_tokens, temperature=0, stream=True)
+    try:
+        resp = raw.post(f"{ex.dep.url}{ex.dep.prefix}/chat/completions", json=body)
+    except Exception:  # the transport failed: nothing measured, never raised
+        return None
+    if resp.status_code != 200:
+        return None
+    head = len(b"HTTP/1.1 200 OK\r\n") + sum(len(k) + len(v) + 4 for k, v in resp.headers.raw) + 2
+    return head + max(1, len(resp.content) // 2)
