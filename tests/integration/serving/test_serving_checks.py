@@ -451,7 +451,7 @@ def test_overload_fails_a_service_that_does_not_recover_after_the_ramp() -> None
     findings = run(ServingOverload, BrokenAfterTenCalls(), params, {"min_knee_concurrency": 0})
     recovery = _overload_recovery(findings)
     assert recovery.verdict == Verdict.FAIL and "did not recover within" in recovery.title
-    assert recovery.metrics["recovery_s"] == -1.0
+    assert "recovery_s" not in recovery.metrics, "not recovered: no recovery time, not a -1 placeholder"
     # the drain it was granted is bounded, measured and in the evidence
     allowance = recovery.evidence["recovery_allowance"]
     assert 0.0 <= allowance["drain_s"] <= allowance["drain_cap_s"] == 4.0

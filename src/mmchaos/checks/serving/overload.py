@@ -237,7 +237,8 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
             severity=Severity.HIGH if problems else Severity.INFO,
             metrics={
                 "knee_concurrency": float(knee if knee is not None else 0),
-                "breaking_concurrency": float(broke_at if broke_at is not None else -1),
+                # left out when no step broke the SLO (not a -1 placeholder)
+                **({"breaking_concurrency": float(broke_at)} if broke_at is not None else {}),
                 "knee_goodput_rps": float(knee_goodput),
                 "max_throughput_rps": max(throughputs),
             },
@@ -310,7 +311,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 "goodput_ratio_past_knee": float(
                     worst_goodput / knee_goodput if worst_goodput is not None and knee_goodput > 0 else 1.0
                 ),
-                "recovery_s": float(recovery_s if recovery_s is not None else -1.0),
+                **({"recovery_s": float(recovery_s)} if recovery_s is not None else {}),  # absent: not recovered
                 "recovery_allowance_s": float(drain.seconds if drain is not None else 0.0),
             },
             gate="typed 429/503/504 with Retry-After, every request answered, goodput kept past the knee, recovery "

@@ -301,8 +301,9 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
             else Severity.INFO,
             metrics={
                 "good_success_rate": rate,
-                "good_p99_ms": float(p99 if p99 is not None else -1.0),
-                "baseline_p99_ms": float(baseline_p99 if baseline_p99 is not None else -1.0),
+                # a latency not measured (no good request answered) is left out, never a placeholder
+                **({"good_p99_ms": float(p99)} if p99 is not None else {}),
+                **({"baseline_p99_ms": float(baseline_p99)} if baseline_p99 is not None else {}),
                 "good_requests": float(len(good)),
                 "poison_requests": float(poison_requests),
             },
