@@ -206,6 +206,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mmchaos"
+    max_model_len: int | None = Field(
+        default=None, description="the model's positions, prompt plus completion (vLLM's field); absent when unknown"
+    )
     mmchaos: dict[str, Any] = Field(
         default_factory=dict, description="target URI, capabilities, fingerprint and input limits"
     )

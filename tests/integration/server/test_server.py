@@ -126,6 +126,7 @@ def test_models_health_ready_metrics_openapi(client: httpx.Client, target: Contr
     meta = card["mmchaos"]
     assert meta["fingerprint"] == target.fingerprint().to_dict()
     assert meta["capabilities"] == ["embed_image", "embed_text"]
+    assert "max_model_len" not in card, "an embedding target states no positions"
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json()["status"] == "ready"
     client.post("/v1/embeddings", json={"input": ["hello", image_part(png_url(IMG))]})
@@ -755,3 +756,15 @@ def test_timed_out_work_never_reaches_the_model(target: ControlledTarget) -> Non
         assert first.result(20.0).status_code == 504  # it timed out too, inside the model
         wait_until(lambda: srv.state.outstanding == 0)
     assert target.calls == 1  # the late request's work was cancelled before its model call
+
+
+def test_a_generative_card_states_max_model_len_as_vllm_does() -> None:
+    """What a gateway that strips the mmchaos block keeps: long_context_recall and context_boundary
+    read the limit from it over openai:."""
+    from tests.fakes.generative import WordsTarget
+
+    words = WordsTarget()
+    words.context_tokens = 512  # type: ignore[attr-defined]
+    with ServerThread(words) as srv, httpx.Client(base_url=srv.url, trust_env=False) as c:
+        card = c.get("/v1/models").json()["data"][0]
+    assert card["max_model_len"] == 512

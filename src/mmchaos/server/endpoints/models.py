@@ -27,11 +27,14 @@ router = APIRouter()
 def model_card(server: GuardedServer) -> dict[str, Any]:
     """OpenAI's model object, plus what mmchaos knows of the target (its fingerprint hashes files)."""
     caps = sorted(c.value for c in server.target.capabilities if c in _SERVED_CAPABILITIES)
+    positions = getattr(server.target, "context_tokens", None)
     return {
         "id": server.model_name,
         "object": "model",
         "created": int(server.started),
         "owned_by": "mmchaos",
+        # vLLM's field: what a gateway in front keeps (it may strip the mmchaos block)
+        **({"max_model_len": int(positions)} if isinstance(positions, int) and positions > 0 else {}),
         "mmchaos": {
             "version": __version__,
             "target": server.target.uri,
