@@ -7,8 +7,9 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
 - ``image_forms``: which ways of sending an image to ``/v1/embeddings`` it understands:
   ``"messages"`` (vLLM's chat-embeddings), ``"input_parts"`` (``input`` items with ``image_url``),
   ``"data_url"`` (``input`` strings that are ``data:image/...`` URLs, as LiteLLM and infinity-style
-  servers take them). Anything else in ``input`` is embedded as text, data URLs included, as a
-  text-only server would do.
+  servers take them), ``"modality"`` (infinity's: ``input`` strings are images only when the body
+  says ``"modality": "image"``; without it, a data URL is embedded as text, as infinity does).
+  Anything else in ``input`` is embedded as text, data URLs included, as a text-only server would do.
 - ``chat_images``: whether ``/v1/chat/completions`` takes ``image_url`` parts (else 400).
 - ``flavour``: the response shapes of one server family, from their sources and docs:
   ``"openai"`` (and vLLM >= 0.8) nests errors as ``{"error": {"message", "type", "code"}}``;
@@ -190,8 +191,11 @@ class _Handler(JSONHandler):
         else:
             items = body["input"] if isinstance(body["input"], list) else [body["input"]]
             vectors = []
+            images = "modality" in forms and body.get("modality") == "image"
             for item in items:
-                if isinstance(item, dict):
+                if images:
+                    vectors.append(image_vector(item, config))
+                elif isinstance(item, dict):
                     if "input_parts" not in forms:
                         return self._error(400, "input must be strings")
                     vectors.append(image_vector(item["image_url"]["url"], config))

@@ -1,10 +1,11 @@
 """``openai:<base-url>``: a live OpenAI-compatible endpoint (vLLM, ``mmchaos serve``, ...) as a target.
 
 Embeddings go to ``POST {base}/embeddings``: texts as ``input`` strings; images as ``data:`` URLs in
-one of three forms (``image_input``): ``"messages"``, one per request in vLLM's chat-embeddings form
+one of four forms (``image_input``): ``"messages"``, one per request in vLLM's chat-embeddings form
 (``messages`` with one ``image_url`` part); ``"input"``, batched as ``input`` items
 ``{"type": "image_url", "image_url": {"url": ...}}`` (``mmchaos serve``); ``"data_url"``, batched as
-``input`` strings that are data URLs (LiteLLM, infinity-style servers). Without metadata from the
+``input`` strings that are data URLs (LiteLLM); ``"modality"``, the same with ``"modality": "image"``
+in the body (infinity, which embeds a bare data-URL string as text). Without metadata from the
 server, :meth:`OpenAITarget.connect` probes each form and keeps the first that embeds pixels, not
 bytes: the same picture in two PNG encodings must give the same vector and a different picture a
 different one, so a text-only server that embeds the data URL as a string is not taken for an image
@@ -743,8 +744,8 @@ class OpenAIOptions(SchemeOptions):
     allow_remote: bool = False
     """Allow hosts that are not loopback addresses."""
     image_input: ImageInput | None = None
-    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``); None: from the server's
-    metadata, else the first form the probe finds embedding pixels."""
+    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``, ``modality``); None: from
+    the server's metadata, else the first form the probe finds embedding pixels."""
     capabilities: list[Capability] | None = None
     """Declare the capabilities instead of discovering them (e.g. ``[generate]``)."""
     api_key_env: str = Field("OPENAI_API_KEY", min_length=1)
