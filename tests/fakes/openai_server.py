@@ -23,6 +23,11 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   as a string ``code``.
 - ``dies_on_side``: a deliberately broken engine: one image with a side larger than this kills it,
   and every later embeddings request answers 500 (0: never).
+- ``metrics``: what ``GET /metrics`` exports for chat traffic: "" nothing (404); "vllm" vLLM's chat
+  series, counted as vLLM counts them (end-to-end latency and tokens per finished request, time to
+  first token and per-token latency, the running/waiting gauges); broken: "no_latency" only the
+  gauges and token counters (no latency histogram at all), "static_counters" every series, but the
+  token counters never move.
 
 Images it cannot decode (truncated, garbage, bombs) and bodies that are not JSON objects get a typed
 400, as a correct server answers them.
@@ -106,6 +111,9 @@ class FakeConfig:
     chat_bad_image: str = ""
     """A chat image it cannot decode: "" a typed 400 (correct); broken: "empty" answers 200 with
     empty content, "crash" a 500 (the engine fell over)."""
+    metrics: str = ""
+    stream_usage: bool = False
+    """Send a usage chunk at the end of a stream that asks for it (``stream_options.include_usage``)."""
     fail_at: set[int] = field(default_factory=set)
     """POSTs (by their position in ``requests``) answered 500 once, as an upstream hop's failure."""
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -147,7 +155,16 @@ class _Handler(JSONHandler):
         return [f"{model}:latest", "llama3:8b"] if self.server.config.flavour == "ollama" else [model]
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == "/metrics" and self.server.metrics is not None:
+            from prometheus_client import generate_latest
+
+            data = generate_latest(self.server.metrics.registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/v1/models":
             cards = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "library"} for m in self._models()]
             self._send(200, {"object": "list", "data": cards})
         else:
@@ -213,6 +230,8 @@ class _Handler(JSONHandler):
             model += ":latest"  # Ollama's implicit tag
         if model not in self._models():
             return self._error(404, f"model {body.get('model')!r} not found")
+        if not body["messages"]:
+            raise ValueError("messages must not be empty")  # a typed 400, as every server answers it
         colours: list[str] = []
         last_text = ""
         for message in body["messages"]:
@@ -264,12 +283,15 @@ class _Handler(JSONHandler):
                         entry["token_id"] = sum(map(ord, entry["token"].strip()))
             choices.append(choice)
         usage = {"prompt_tokens": len(words) + 3, "completion_tokens": len(choices[0]["message"]["content"].split())}
+        if self.server.metrics is not None:
+            self.server.metrics.finished(usage)
         if body.get("stream"):
-            return self._stream(choices[0])
+            asked = bool((body.get("stream_options") or {}).get("include_usage")) and self.server.config.stream_usage
+            return self._stream(choices[0], usage if asked else None)
         self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "model": self.server.config.model,
                          "choices": choices, "usage": usage})  # fmt: skip
 
-    def _stream(self, choice: dict[str, Any]) -> None:
+    def _stream(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -286,10 +308,44 @@ class _Handler(JSONHandler):
             if fault == "error" and i == 2:
                 chunk = {"error": {"message": "engine died", "code": 500}}
             self.wfile.write(f": keep-alive\n\ndata: {json.dumps(chunk)}\n\n".encode())
+        if usage is not None and fault != "truncate":
+            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if fault not in ("truncate", "no_done"):
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
+
+
+class _ChatMetrics:
+    """vLLM's chat series as the fake exports them (``FakeConfig.metrics``); its answers are instant,
+    so the latencies observed are nominal: what is judged is that they are counted."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.kind = kind
+        self.registry = CollectorRegistry()
+        labels = ("model_name",)
+        r = self.registry
+        self.histograms = {} if kind == "no_latency" else {
+            name: Histogram(f"vllm:{name}", name, labels, registry=r).labels(model)
+            for name in ("e2e_request_latency_seconds", "time_to_first_token_seconds",
+                         "time_per_output_token_seconds")
+        }  # fmt: skip
+        self.prompt = Counter("vllm:prompt_tokens", "prompt tokens", labels, registry=r).labels(model)
+        self.generated = Counter("vllm:generation_tokens", "generated tokens", labels, registry=r).labels(model)
+        self.success = Counter("vllm:request_success", "finished", labels, registry=r).labels(model)
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            Gauge(name, name, labels, registry=r).labels(model).set(0)
+
+    def finished(self, usage: dict[str, int]) -> None:
+        self.success.inc()
+        for hist in self.histograms.values():
+            hist.observe(0.01)
+        if self.kind != "static_counters":
+            self.prompt.inc(usage["prompt_tokens"])
+            self.generated.inc(usage["completion_tokens"])
 
 
 class _Server(ThreadingHTTPServer):
@@ -298,6 +354,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, config: FakeConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.config = config
+        self.metrics = _ChatMetrics(config.metrics, config.model) if config.metrics else None
 
 
 @contextmanager

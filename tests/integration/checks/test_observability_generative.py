@@ -1,0 +1,81 @@
+"""Step 7 on a generative target: ``metrics_exposure`` and ``generation_drift`` against ``mmchaos serve``
+over ``builtin:tiny-vlm`` (the real server on loopback, the real tiny model), read through the
+``openai:`` target, and in-process (the check starts the reference server itself). Issue 20: both
+steps were skipped on every generative target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mmchaos.checks.observability.generation_drift import GenerationDrift
+from mmchaos.checks.observability.metrics_exposure import MetricsExposure
+from mmchaos.data import load_dataset
+from mmchaos.findings import Finding, Verdict
+from mmchaos.server import ServerConfig, ServerThread
+from mmchaos.targets import load_target
+from mmchaos.targets.base import Target
+from mmchaos.targets.openai_http import OpenAITarget
+from tests.support import run_check_class
+
+pytestmark = pytest.mark.integration
+
+DATA = load_dataset("builtin:vqa")
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm() -> Iterator[Target]:
+    pytest.importorskip("transformers")
+    target = load_target("builtin:tiny-vlm")
+    yield target
+    target.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_vlm: Target) -> Iterator[OpenAITarget]:
+    with ServerThread(tiny_vlm, ServerConfig(model_name="tiny-vlm")) as srv:
+        client = OpenAITarget.connect(srv.base_url, model="tiny-vlm")
+        yield client
+        client.close()
+
+
+def _metrics(target: Target) -> list[Finding]:
+    return run_check_class(MetricsExposure, target, {"requests_per_modality": 2}, data=DATA)
+
+
+def _judged(findings: list[Finding]) -> dict[str, Any]:
+    assert findings and all(f.verdict == Verdict.PASS for f in findings), [(f.title, f.message) for f in findings]
+    return {f.title.split(" ")[0]: f for f in findings}
+
+
+@pytest.mark.check_contract("metrics_exposure", "clean")
+def test_metrics_exposure_passes_mmchaos_serve_on_tiny_vlm_over_openai(served: OpenAITarget) -> None:
+    assert served.capabilities == {"generate"}
+    groups = _judged(_metrics(served))
+    assert {"latency", "traffic", "errors", "guards", "queue", "tokens"} <= set(groups)
+    tokens = groups["tokens"]
+    assert tokens.evidence["traffic_kind"] == "chat" and set(tokens.evidence["conventions"]) == {"mmchaos", "vllm"}
+    assert tokens.evidence["image_form"] == "chat"  # the chats carried images
+    amounts = tokens.evidence["amounts"]
+    assert amounts["answered"] == 4 and amounts["streamed"] == 2 and amounts["without_usage"] == 0
+    grew = {r["series"].split("{")[0]: r["after"] - (r["before"] or 0) for r in tokens.evidence["series"]}
+    # the server counts what it answered: streamed usage included (image tokens and all)
+    assert grew["vllm:prompt_tokens_total"] == amounts["prompt_tokens"]
+    assert grew["vllm:generation_tokens_total"] == amounts["completion_tokens"]
+    assert groups["errors"].evidence["answers"]["malformed:400"] == 2
+
+
+@pytest.mark.check_contract("metrics_exposure", "clean")
+def test_metrics_exposure_passes_tiny_vlm_in_process(tiny_vlm: Target) -> None:
+    groups = _judged(_metrics(tiny_vlm))
+    assert {"latency", "queue", "tokens"} <= set(groups)
+    assert groups["latency"].evidence["teardown"]["clean"]
+
+
+def test_generation_drift_runs_on_the_served_models_answers(served: OpenAITarget) -> None:
+    params = {"samples": 16, "max_tokens": 8, "perturbations": ["low_light"]}
+    findings = run_check_class(GenerationDrift, served, params, data=DATA)
+    assert findings and all(f.verdict != Verdict.SKIPPED for f in findings), [f.title for f in findings]
+    assert any("clean traffic" in f.title for f in findings)
