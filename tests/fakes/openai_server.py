@@ -23,6 +23,9 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   as a string ``code``.
 - ``dies_on_side``: a deliberately broken engine: one image with a side larger than this kills it,
   and every later embeddings request answers 500 (0: never).
+- ``text_limit``: a text context limit in tokens (a word each, plus two specials); past it a text is
+  refused with a typed 400 (``over_limit="refuse"``, correct) or silently cut (``"truncate"``, as a
+  CLIP pipeline does). 0: no limit.
 - ``metrics``: what ``GET /metrics`` exports for chat traffic: "" nothing (404); "vllm" vLLM's chat
   series, counted as vLLM counts them (end-to-end latency and tokens per finished request, time to
   first token and per-token latency, the running/waiting gauges); broken: "no_latency" only the
@@ -111,6 +114,8 @@ class FakeConfig:
     chat_bad_image: str = ""
     """A chat image it cannot decode: "" a typed 400 (correct); broken: "empty" answers 200 with
     empty content, "crash" a 500 (the engine fell over)."""
+    text_limit: int = 0
+    over_limit: str = "truncate"
     metrics: str = ""
     stream_usage: bool = False
     """Send a usage chunk at the end of a stream that asks for it (``stream_options.include_usage``)."""
@@ -219,9 +224,18 @@ class _Handler(JSONHandler):
                 elif "data_url" in forms and item.startswith("data:image/"):
                     vectors.append(image_vector(item, config))
                 else:
-                    vectors.append(text_vector(item))  # a text server embeds a data URL as text
+                    vectors.append(text_vector(self._within_limit(item)))  # a data URL too, as a text server does
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
         self._send(200, {"object": "list", "data": data, "model": config.model})
+
+    def _within_limit(self, text: str) -> str:
+        limit = self.server.config.text_limit
+        words = text.split(" ")
+        if not limit or len(words) + 2 <= limit:
+            return text
+        if self.server.config.over_limit == "refuse":
+            raise ValueError(f"this model's maximum context length is {limit} tokens, the text has {len(words) + 2}")
+        return " ".join(words[: limit - 2])
 
     def _chat(self, body: dict[str, Any]) -> None:
         flavour = self.server.config.flavour

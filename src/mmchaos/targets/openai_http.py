@@ -212,6 +212,10 @@ class OpenAITarget(Target):
         """What discovery tried and found (describe()'s evidence)."""
         self.gaps: dict[str, str] = {}
         """Modalities the endpoint handles in part that could not be tested, with the reason."""
+        self.max_text_tokens: int | None = None
+        """The text context limit the endpoint states (the ``mmchaos`` metadata's ``max_text_tokens``, or
+        the card's ``max_model_len``, vLLM's); None behind a gateway that strips both."""
+        self.limit_source = "unknown"
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
         self.max_items = max_items
@@ -297,8 +301,16 @@ class OpenAITarget(Target):
             raise
         probe.capabilities = caps
         probe.metadata = {"card": {k: v for k, v in card.items() if k != "mmchaos"}, "mmchaos": meta}
+        probe._stated_limit(card, meta)
         probe.load_options = MappingProxyType({"model": chosen, "allow_remote": probe.allow_remote})
         return probe
+
+    def _stated_limit(self, card: Mapping[str, Any], meta: Mapping[str, Any] | None) -> None:
+        """The text context limit ``/models`` states: mmchaos's metadata, else vLLM's ``max_model_len``."""
+        for value in ((meta or {}).get("max_text_tokens"), card.get("max_model_len")):
+            if isinstance(value, int) and not isinstance(value, bool) and value > 2:
+                self.max_text_tokens, self.limit_source = value, "metadata"
+                return
 
     def _list_models(self) -> list[dict[str, Any]]:
         try:
