@@ -5,12 +5,14 @@ steps were skipped on every generative target."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from mmchaos.checks.observability.generation_drift import GenerationDrift
 from mmchaos.checks.observability.metrics_exposure import MetricsExposure
 from mmchaos.data import load_dataset
 from mmchaos.findings import Finding, Verdict
@@ -74,8 +76,29 @@ def test_metrics_exposure_passes_tiny_vlm_in_process(tiny_vlm: Target) -> None:
     assert groups["latency"].evidence["teardown"]["clean"]
 
 
-def test_generation_drift_runs_on_the_served_models_answers(served: OpenAITarget) -> None:
-    params = {"samples": 16, "max_tokens": 8, "perturbations": ["low_light"]}
-    findings = run_check_class(GenerationDrift, served, params, data=DATA)
-    assert findings and all(f.verdict != Verdict.SKIPPED for f in findings), [f.title for f in findings]
-    assert any("clean traffic" in f.title for f in findings)
+STEP7 = {
+    "name": "step7-chat",
+    "seed": 0,
+    "checks": [
+        {"check": "metrics_exposure", "params": {"requests_per_modality": 2}},
+        {"check": "generation_drift", "params": {"samples": 8, "max_tokens": 6, "perturbations": ["low_light"]}},
+    ],
+}
+
+
+def test_validate_runs_step_7_against_the_served_vlm(served: OpenAITarget, run_cli: Any, tmp_path: Path) -> None:
+    # what a user runs: the runner's capability filter used to skip metrics_exposure on a chat endpoint
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump(STEP7))
+    code, _, err = run_cli(
+        "validate", "--target", f"openai:{served.base_url}", "--model", "tiny-vlm", "--suite", str(suite),
+        "--data", "builtin:vqa?n=8", "--out", str(tmp_path / "out"), "--store", str(tmp_path / "runs.db"),
+    )  # fmt: skip
+    assert code in (0, 1), err
+    findings = json.loads((tmp_path / "out" / "results.json").read_text())["findings"]
+    verdicts = {(f["check"], f["verdict"]) for f in findings}
+    assert {check for check, _ in verdicts} == {"metrics_exposure", "generation_drift"}
+    assert not [f["title"] for f in findings if f["verdict"] == "skipped"]
+    assert ("metrics_exposure", "pass") in verdicts and ("metrics_exposure", "fail") not in verdicts
+    drift = [f for f in findings if f["check"] == "generation_drift"]
+    assert any("clean traffic" in f["title"] for f in drift)  # a drift check ran on the generated answers
