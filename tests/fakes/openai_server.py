@@ -28,9 +28,9 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   CLIP pipeline does). 0: no limit.
 - ``metrics``: what ``GET /metrics`` exports for chat traffic: "" nothing (404); "vllm" vLLM's chat
   series, counted as vLLM counts them (end-to-end latency and tokens per finished request, time to
-  first token and per-token latency, the running/waiting gauges); broken: "no_latency" only the
-  gauges and token counters (no latency histogram at all), "static_counters" every series, but the
-  token counters never move.
+  first token and per-token latency, the running/waiting gauges); "sglang" the same under SGLang's
+  names; broken: "no_latency" only the gauges and token counters (no latency histogram at all),
+  "static_counters" every series, but the token counters never move.
 
 Images it cannot decode (truncated, garbage, bombs) and bodies that are not JSON objects get a typed
 400, as a correct server answers them.
@@ -342,16 +342,19 @@ class _ChatMetrics:
         self.registry = CollectorRegistry()
         labels = ("model_name",)
         r = self.registry
+        sglang = kind == "sglang"
+        pre = "sglang:" if sglang else "vllm:"
+        per_token = "inter_token_latency_seconds" if sglang else "time_per_output_token_seconds"
         self.histograms = {} if kind == "no_latency" else {
-            name: Histogram(f"vllm:{name}", name, labels, registry=r).labels(model)
-            for name in ("e2e_request_latency_seconds", "time_to_first_token_seconds",
-                         "time_per_output_token_seconds")
+            name: Histogram(pre + name, name, labels, registry=r).labels(model)
+            for name in ("e2e_request_latency_seconds", "time_to_first_token_seconds", per_token)
         }  # fmt: skip
-        self.prompt = Counter("vllm:prompt_tokens", "prompt tokens", labels, registry=r).labels(model)
-        self.generated = Counter("vllm:generation_tokens", "generated tokens", labels, registry=r).labels(model)
-        self.success = Counter("vllm:request_success", "finished", labels, registry=r).labels(model)
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            Gauge(name, name, labels, registry=r).labels(model).set(0)
+        self.prompt = Counter(pre + "prompt_tokens", "prompt tokens", labels, registry=r).labels(model)
+        self.generated = Counter(pre + "generation_tokens", "generated tokens", labels, registry=r).labels(model)
+        self.success = Counter(pre + "request_success", "finished", labels, registry=r).labels(model)
+        gauges = ("num_running_reqs", "num_queue_reqs") if sglang else ("num_requests_running", "num_requests_waiting")
+        for name in gauges:
+            Gauge(pre + name, name, labels, registry=r).labels(model).set(0)
 
     def finished(self, usage: dict[str, int]) -> None:
         self.success.inc()

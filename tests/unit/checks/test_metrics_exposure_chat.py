@@ -34,20 +34,22 @@ def by_group(findings: list[Finding]) -> dict[str, Finding]:
 
 
 @pytest.mark.check_contract("metrics_exposure", "clean")
-def test_a_vllm_style_chat_server_passes_with_its_chat_series() -> None:
-    findings, config = run_chat("vllm")
+@pytest.mark.parametrize("family", ["vllm", "sglang"])
+def test_a_vllm_or_sglang_style_chat_server_passes_with_its_chat_series(family: str) -> None:
+    findings, config = run_chat(family)
     assert all(f.verdict == Verdict.PASS for f in findings), [(f.title, f.message) for f in findings]
     groups = by_group(findings)
-    assert {"latency", "queue", "tokens", "traffic"} <= set(groups)
+    assert {"latency", "queue", "tokens"} <= set(groups)
     tokens = groups["tokens"]
-    assert tokens.evidence["traffic_kind"] == "chat" and tokens.evidence["conventions"] == ["vllm"]
+    assert tokens.evidence["traffic_kind"] == "chat" and tokens.evidence["conventions"] == [family]
     amounts = tokens.evidence["amounts"]
     assert amounts["answered"] == 4 and amounts["streamed"] == 2 and amounts["without_usage"] == 0
     grew = {r["series"]: r["after"] - (r["before"] or 0) for r in tokens.evidence["series"]}
-    assert grew["vllm:prompt_tokens_total"] == amounts["prompt_tokens"] > 0  # the answers' usage, summed
-    assert grew["vllm:generation_tokens_total"] == amounts["completion_tokens"] > 0
+    assert grew[f"{family}:prompt_tokens_total"] == amounts["prompt_tokens"] > 0  # the answers' usage, summed
+    assert grew[f"{family}:generation_tokens_total"] == amounts["completion_tokens"] > 0
     latency = {r["series"] for r in groups["latency"].evidence["series"]}
-    assert {"vllm:e2e_request_latency_seconds_count", "vllm:time_to_first_token_seconds_count"} <= latency
+    assert {f"{family}:e2e_request_latency_seconds_count", f"{family}:time_to_first_token_seconds_count"} <= latency
+    assert len(latency) == 3  # and the per-token latency, by the family's own name
     sent = [r["body"] for r in config.requests if r["path"] == "/v1/chat/completions"]
     assert sum(bool(b.get("stream")) for b in sent) == 2 and sum(not b.get("stream") for b in sent) >= 2
 
