@@ -43,7 +43,7 @@ from mmchaos.checks.observability.metric_series import (
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.server.config import ServerConfig
 from mmchaos.targets.base import Capability
-from mmchaos.targets.openai_forms import ImageForm
+from mmchaos.targets.openai_forms import CHAT_IMAGE_FORM, ImageForm
 from mmchaos.targets.wrappers import unwrap
 
 __all__ = [
@@ -119,7 +119,8 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         chat = chats(dep)
         has_images = bool(len(ctx.dataset) and ctx.dataset.has_images)
         if chat:
-            images = has_images and "image chat" not in inner.untested_modalities()
+            gaps = getattr(inner, "untested_modalities", dict)()  # the openai: probe: chat refused an image part
+            images = has_images and "image chat" not in gaps
             modalities = ["image", "text"] if images else ["text"]
         else:
             modalities = [m for m in ("image", "text") if _MODALITY_CAP[m] in inner.capabilities]
@@ -160,7 +161,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
                 after = scrape(client.get(p.metrics_path).text)
         finally:
             teardown = dep.close()
-        form = ("chat" if chat else dep.image_form) if "image" in modalities else None
+        form = (CHAT_IMAGE_FORM if chat else dep.image_form) if "image" in modalities else None
         yield from self._judge(
             ctx, p, before, after, modalities, sent, statuses, teardown, ledger.summary(), form, tally
         )
