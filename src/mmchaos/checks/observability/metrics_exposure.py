@@ -119,7 +119,7 @@ class MetricsExposure(Check[MetricsExposureParams, CheckGate]):
         chat = chats(dep)
         has_images = bool(len(ctx.dataset) and ctx.dataset.has_images)
         if chat:
-            gaps = getattr(inner, "untested_modalities", dict)()  # the openai: probe: chat refused an image part
+            gaps: dict[str, str] = getattr(inner, "untested_modalities", dict)()  # openai: chat refused images?
             images = has_images and "image chat" not in gaps
             modalities = ["image", "text"] if images else ["text"]
         else:
