@@ -55,6 +55,24 @@ def test_a_server_without_logprobs_is_named_and_no_logprob_number_is_claimed(con
         assert not {"max_logprob_deviation", "max_logprob_diff"} & set(f.metrics)
 
 
+def test_missing_modality_says_its_confidence_was_not_measured_without_logprobs() -> None:
+    from mmchaos.checks.robustness.missing_modality import MissingModality
+
+    params = {"questions": 1, "max_new_tokens": 4}
+    for config, noted in ((FakeConfig(image_forms=(), flavour="ollama"), True), (FakeConfig(image_forms=()), False)):
+        with fake_openai_server(config) as url:
+            target = OpenAITarget.connect(url, model="fake-vlm", capabilities=["generate"])
+            try:
+                findings = run_check_class(MissingModality, target, params, data=DATA)
+            finally:
+                target.close()
+        probed = [f for f in findings if f.evidence.get("call") == "generate" and "answers" in f.evidence]
+        assert probed, [f.title for f in findings]
+        for f in probed:
+            assert ("logprobs" in f.evidence) is noted, f.evidence
+            assert ("confident_hallucination_rate" in f.metrics) is not noted
+
+
 def test_a_server_that_gives_logprobs_gets_its_measurement() -> None:
     findings = run_all(FakeConfig(image_forms=()))
     for f in findings:
