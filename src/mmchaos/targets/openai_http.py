@@ -216,6 +216,8 @@ class OpenAITarget(Target):
         """The text context limit the endpoint states (the ``mmchaos`` metadata's ``max_text_tokens``, or
         the card's ``max_model_len``, vLLM's); None behind a gateway that strips both."""
         self.limit_source = "unknown"
+        self.context_tokens: int | None = None
+        """A generative model's context limit, likewise (the metadata's ``context_tokens`` or ``max_model_len``)."""
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
         self.max_items = max_items
@@ -306,11 +308,16 @@ class OpenAITarget(Target):
         return probe
 
     def _stated_limit(self, card: Mapping[str, Any], meta: Mapping[str, Any] | None) -> None:
-        """The text context limit ``/models`` states: mmchaos's metadata, else vLLM's ``max_model_len``."""
-        for value in ((meta or {}).get("max_text_tokens"), card.get("max_model_len")):
-            if isinstance(value, int) and not isinstance(value, bool) and value > 2:
-                self.max_text_tokens, self.limit_source = value, "metadata"
-                return
+        """The context limits ``/models`` states: mmchaos's metadata, else vLLM's ``max_model_len``."""
+
+        def first(*values: Any) -> int | None:
+            return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 2), None)
+
+        meta = meta or {}
+        self.max_text_tokens = first(meta.get("max_text_tokens"), card.get("max_model_len"))
+        self.context_tokens = first(meta.get("context_tokens"), card.get("max_model_len"))
+        if self.max_text_tokens is not None:
+            self.limit_source = "metadata"
 
     def _list_models(self) -> list[dict[str, Any]]:
         try:

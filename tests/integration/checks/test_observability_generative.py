@@ -1,7 +1,8 @@
-"""Step 7 on a generative target: ``metrics_exposure`` and ``generation_drift`` against ``mmchaos serve``
+"""Steps 7 and 4 on a generative target: ``metrics_exposure`` and ``generation_drift`` against ``mmchaos serve``
 over ``builtin:tiny-vlm`` (the real server on loopback, the real tiny model), read through the
 ``openai:`` target, and in-process (the check starts the reference server itself). Issue 20: both
-steps were skipped on every generative target."""
+steps were skipped on every generative target. And ``image_context_boundary`` over ``openai:`` reads
+the context limit the server states in ``/v1/models`` (it skipped: the target stated none)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mmchaos.checks.engine.image_context_boundary import ImageContextBoundary
 from mmchaos.checks.observability.metrics_exposure import MetricsExposure
 from mmchaos.data import load_dataset
 from mmchaos.findings import Finding, Verdict
@@ -102,3 +104,12 @@ def test_validate_runs_step_7_against_the_served_vlm(served: OpenAITarget, run_c
     assert ("metrics_exposure", "pass") in verdicts and ("metrics_exposure", "fail") not in verdicts
     drift = [f for f in findings if f["check"] == "generation_drift"]
     assert any("clean traffic" in f["title"] for f in drift)  # a drift check ran on the generated answers
+
+
+def test_image_context_boundary_runs_over_openai_at_the_limit_the_server_states(
+    served: OpenAITarget, tiny_vlm: Target
+) -> None:
+    assert served.context_tokens == getattr(tiny_vlm, "context_tokens", None) == 256
+    [finding] = run_check_class(ImageContextBoundary, served, {}, data=DATA)
+    assert finding.verdict == Verdict.PASS and "256-token limit" in finding.title
+    assert finding.metrics["refused_over_limit"] > 0  # the served model refuses what does not fit, typed

@@ -1,5 +1,5 @@
 """``GET /v1/models``: the one served model, with the target's URI, capabilities, fingerprint and
-input limits (batch size, text context) under ``mmchaos``."""
+input limits (batch size, context limits) under ``mmchaos``."""
 
 from __future__ import annotations
 
@@ -39,15 +39,17 @@ def model_card(server: GuardedServer) -> dict[str, Any]:
             "fingerprint": server.target.fingerprint().to_dict(),
             "image_input": ["input", "messages"],
             "max_items": server.config.max_items,
-            "max_text_tokens": _text_limit(server),
+            "max_text_tokens": _limit(server, "max_text_tokens"),
+            "context_tokens": _limit(server, "context_tokens"),
             "guards": server.guards,
         },
     }
 
 
-def _text_limit(server: GuardedServer) -> int | None:
-    """The served target's text context limit, so a client need not probe for it."""
-    limit = getattr(server.target, "max_text_tokens", None)
+def _limit(server: GuardedServer, name: str) -> int | None:
+    """One of the served target's context limits (``max_text_tokens`` of a text encoder,
+    ``context_tokens`` of a generative model), so a client need not probe for it."""
+    limit = getattr(server.target, name, None)
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 2 else None
 
 
