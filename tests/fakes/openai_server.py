@@ -116,6 +116,8 @@ class FakeConfig:
     empty content, "crash" a 500 (the engine fell over)."""
     text_limit: int = 0
     over_limit: str = "truncate"
+    max_model_len: int = 0
+    """Put vLLM's ``max_model_len`` on the model card (0: leave it out)."""
     metrics: str = ""
     stream_usage: bool = False
     """Send a usage chunk at the end of a stream that asks for it (``stream_options.include_usage``)."""
@@ -171,6 +173,9 @@ class _Handler(JSONHandler):
             self.wfile.write(data)
         elif self.path == "/v1/models":
             cards = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "library"} for m in self._models()]
+            if self.server.config.max_model_len:
+                for card in cards:
+                    card["max_model_len"] = self.server.config.max_model_len
             self._send(200, {"object": "list", "data": cards})
         else:
             self._error(404, "not found")

@@ -51,7 +51,7 @@ def run_against(config: FakeConfig, params: dict[str, Any] | None = None) -> dic
     with fake_openai_server(config) as url:
         target = OpenAITarget.connect(url, capabilities=["embed_text"])  # a gateway's listing: no metadata
         try:
-            assert target.max_text_tokens is None and target.limit_source == "unknown"
+            assert target.max_text_tokens == (config.max_model_len or None)
             findings = run_check_class(ContextBoundary, target, params or {}, data=DATA)
         finally:
             target.close()
@@ -88,3 +88,10 @@ def test_a_limit_the_probe_cannot_find_is_a_warning_that_says_so() -> None:
     no_limit = run_against(FakeConfig(image_forms=(), chat=False), {"probe_max_tokens": 256})
     [read] = no_limit.values()
     assert read.verdict == Verdict.PASS and "read in full" in read.title
+
+
+def test_a_vllm_cards_max_model_len_is_the_stated_limit() -> None:
+    parts = run_against(FakeConfig(image_forms=(), chat=False, text_limit=40, max_model_len=40))
+    beyond = parts["beyond"]
+    assert beyond.verdict == Verdict.WARN and "the model's own limit of 40 tokens" in beyond.title
+    assert beyond.evidence["limit_source"] == "metadata" and beyond.evidence["limit_probe"] is None
