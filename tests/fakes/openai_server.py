@@ -7,8 +7,9 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
 - ``image_forms``: which ways of sending an image to ``/v1/embeddings`` it understands:
   ``"messages"`` (vLLM's chat-embeddings), ``"input_parts"`` (``input`` items with ``image_url``),
   ``"data_url"`` (``input`` strings that are ``data:image/...`` URLs, as LiteLLM and infinity-style
-  servers take them). Anything else in ``input`` is embedded as text, data URLs included, as a
-  text-only server would do.
+  servers take them), ``"modality"`` (infinity's: ``input`` strings are images only when the body
+  says ``"modality": "image"``; without it, a data URL is embedded as text, as infinity does).
+  Anything else in ``input`` is embedded as text, data URLs included, as a text-only server would do.
 - ``chat_images``: whether ``/v1/chat/completions`` takes ``image_url`` parts (else 400).
 - ``flavour``: the response shapes of one server family, from their sources and docs:
   ``"openai"`` (and vLLM >= 0.8) nests errors as ``{"error": {"message", "type", "code"}}``;
@@ -22,6 +23,14 @@ target's real client, JSON and SSE code run. What it accepts is configurable per
   as a string ``code``.
 - ``dies_on_side``: a deliberately broken engine: one image with a side larger than this kills it,
   and every later embeddings request answers 500 (0: never).
+- ``text_limit``: a text context limit in tokens (a word each, plus two specials); past it a text is
+  refused with a typed 400 (``over_limit="refuse"``, correct) or silently cut (``"truncate"``, as a
+  CLIP pipeline does). 0: no limit.
+- ``metrics``: what ``GET /metrics`` exports for chat traffic: "" nothing (404); "vllm" vLLM's chat
+  series, counted as vLLM counts them (end-to-end latency and tokens per finished request, time to
+  first token and per-token latency, the running/waiting gauges); "sglang" the same under SGLang's
+  names; broken: "no_latency" only the gauges and token counters (no latency histogram at all),
+  "static_counters" every series, but the token counters never move.
 
 Images it cannot decode (truncated, garbage, bombs) and bodies that are not JSON objects get a typed
 400, as a correct server answers them.
@@ -109,6 +118,13 @@ class FakeConfig:
     chat_bad_image: str = ""
     """A chat image it cannot decode: "" a typed 400 (correct); broken: "empty" answers 200 with
     empty content, "crash" a 500 (the engine fell over)."""
+    text_limit: int = 0
+    over_limit: str = "truncate"
+    max_model_len: int = 0
+    """Put vLLM's ``max_model_len`` on the model card (0: leave it out)."""
+    metrics: str = ""
+    stream_usage: bool = False
+    """Send a usage chunk at the end of a stream that asks for it (``stream_options.include_usage``)."""
     fail_at: set[int] = field(default_factory=set)
     """POSTs (by their position in ``requests``) answered 500 once, as an upstream hop's failure."""
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -150,8 +166,20 @@ class _Handler(JSONHandler):
         return [f"{model}:latest", "llama3:8b"] if self.server.config.flavour == "ollama" else [model]
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == "/metrics" and self.server.metrics is not None:
+            from prometheus_client import generate_latest
+
+            data = generate_latest(self.server.metrics.registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/v1/models":
             cards = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "library"} for m in self._models()]
+            if self.server.config.max_model_len:
+                for card in cards:
+                    card["max_model_len"] = self.server.config.max_model_len
             self._send(200, {"object": "list", "data": cards})
         else:
             self._error(404, "not found")
@@ -194,17 +222,29 @@ class _Handler(JSONHandler):
         else:
             items = body["input"] if isinstance(body["input"], list) else [body["input"]]
             vectors = []
+            images = "modality" in forms and body.get("modality") == "image"
             for item in items:
-                if isinstance(item, dict):
+                if images:
+                    vectors.append(image_vector(item, config))
+                elif isinstance(item, dict):
                     if "input_parts" not in forms:
                         return self._error(400, "input must be strings")
                     vectors.append(image_vector(item["image_url"]["url"], config))
                 elif "data_url" in forms and item.startswith("data:image/"):
                     vectors.append(image_vector(item, config))
                 else:
-                    vectors.append(text_vector(item))  # a text server embeds a data URL as text
+                    vectors.append(text_vector(self._within_limit(item)))  # a data URL too, as a text server does
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
         self._send(200, {"object": "list", "data": data, "model": config.model})
+
+    def _within_limit(self, text: str) -> str:
+        limit = self.server.config.text_limit
+        words = text.split(" ")
+        if not limit or len(words) + 2 <= limit:
+            return text
+        if self.server.config.over_limit == "refuse":
+            raise ValueError(f"this model's maximum context length is {limit} tokens, the text has {len(words) + 2}")
+        return " ".join(words[: limit - 2])
 
     def _chat(self, body: dict[str, Any]) -> None:
         flavour = self.server.config.flavour
@@ -213,6 +253,8 @@ class _Handler(JSONHandler):
             model += ":latest"  # Ollama's implicit tag
         if model not in self._models():
             return self._error(404, f"model {body.get('model')!r} not found")
+        if not body["messages"]:
+            raise ValueError("messages must not be empty")  # a typed 400, as every server answers it
         colours: list[str] = []
         last_text = ""
         for message in body["messages"]:
@@ -264,12 +306,15 @@ class _Handler(JSONHandler):
                         entry["token_id"] = sum(map(ord, entry["token"].strip()))
             choices.append(choice)
         usage = {"prompt_tokens": len(words) + 3, "completion_tokens": len(choices[0]["message"]["content"].split())}
+        if self.server.metrics is not None:
+            self.server.metrics.finished(usage)
         if body.get("stream"):
-            return self._stream(choices[0])
+            asked = bool((body.get("stream_options") or {}).get("include_usage")) and self.server.config.stream_usage
+            return self._stream(choices[0], usage if asked else None)
         self._send(200, {"id": "chatcmpl-1", "object": "chat.completion", "model": self.server.config.model,
                          "choices": choices, "usage": usage})  # fmt: skip
 
-    def _stream(self, choice: dict[str, Any]) -> None:
+    def _stream(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -292,10 +337,47 @@ class _Handler(JSONHandler):
             except OSError:  # the client left mid-stream
                 self.close_connection = True
                 return
+        if usage is not None and fault != "truncate":
+            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if fault not in ("truncate", "no_done"):
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
+
+
+class _ChatMetrics:
+    """vLLM's chat series as the fake exports them (``FakeConfig.metrics``); its answers are instant,
+    so the latencies observed are nominal: what is judged is that they are counted."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.kind = kind
+        self.registry = CollectorRegistry()
+        labels = ("model_name",)
+        r = self.registry
+        sglang = kind == "sglang"
+        pre = "sglang:" if sglang else "vllm:"
+        per_token = "inter_token_latency_seconds" if sglang else "time_per_output_token_seconds"
+        self.histograms = {} if kind == "no_latency" else {
+            name: Histogram(pre + name, name, labels, registry=r).labels(model)
+            for name in ("e2e_request_latency_seconds", "time_to_first_token_seconds", per_token)
+        }  # fmt: skip
+        self.prompt = Counter(pre + "prompt_tokens", "prompt tokens", labels, registry=r).labels(model)
+        self.generated = Counter(pre + "generation_tokens", "generated tokens", labels, registry=r).labels(model)
+        self.success = Counter(pre + "request_success", "finished", labels, registry=r).labels(model)
+        gauges = ("num_running_reqs", "num_queue_reqs") if sglang else ("num_requests_running", "num_requests_waiting")
+        for name in gauges:
+            Gauge(pre + name, name, labels, registry=r).labels(model).set(0)
+
+    def finished(self, usage: dict[str, int]) -> None:
+        self.success.inc()
+        for hist in self.histograms.values():
+            hist.observe(0.01)
+        if self.kind != "static_counters":
+            self.prompt.inc(usage["prompt_tokens"])
+            self.generated.inc(usage["completion_tokens"])
 
 
 class _Server(ThreadingHTTPServer):
@@ -304,6 +386,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, config: FakeConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.config = config
+        self.metrics = _ChatMetrics(config.metrics, config.model) if config.metrics else None
 
 
 @contextmanager

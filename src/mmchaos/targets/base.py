@@ -7,7 +7,7 @@ class raises :class:`~mmchaos.errors.CapabilityError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -26,7 +26,7 @@ from mmchaos.guard.artefacts import (
     hash_file,
     hash_files,
 )
-from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message
+from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message, StreamUsage
 
 __all__ = [
     "CONFIG_FILES",
@@ -121,11 +121,10 @@ class Target:
         """The text of one completion as it is produced (deltas whose concatenation is the text).
 
         This default yields the whole text of :meth:`generate` at once; targets whose backend
-        streams (an SSE endpoint) override it.
+        streams (an SSE endpoint) override it. A stream may end by returning a
+        :class:`~mmchaos.targets.generation.StreamUsage` (this one does: ``generate``'s counts).
         """
-        if params is not None and params.n != 1:
-            raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
-        yield self.generate(prompt, images, params).text
+        return _whole_text(self, prompt, images, params)
 
     def torch_module(self) -> Any:
         """The underlying ``torch.nn.Module``, for white-box checks."""
@@ -184,3 +183,15 @@ class Target:
             "capabilities": sorted(c.value for c in self.capabilities),
             "fingerprint": self.fingerprint().to_dict(),
         }
+
+
+def _whole_text(
+    target: Target, prompt: str | Sequence[Message], images: Sequence[ImageArray], params: GenerationParams | None
+) -> Generator[str, None, StreamUsage]:
+    """:meth:`Target.generate_stream`'s default: ``generate``'s text as one delta, then its usage."""
+    if params is not None and params.n != 1:
+        raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
+    result = target.generate(prompt, images, params)
+    yield result.text
+    ids = result.token_ids
+    return StreamUsage(result.prompt_tokens, None if ids is None else len(ids))

@@ -26,6 +26,7 @@ __all__ = [
     "GenerationResult",
     "Message",
     "Role",
+    "StreamUsage",
     "as_messages",
     "cut_at_stop",
 ]
@@ -130,6 +131,19 @@ class GenerationResult:
     @property
     def logprobs(self) -> tuple[float, ...] | None:
         return self.completions[0].logprobs
+
+
+@dataclass(frozen=True)
+class StreamUsage:
+    """What a finished stream cost, counted as :meth:`Target.generate` counts it.
+
+    A ``generate_stream`` generator may ``return`` one (PEP 380 carries it to whoever reads the
+    stream to its end): the server's streamed ``usage`` then equals its non-streamed one, image
+    tokens and the model's own token ids included, instead of the stream's text re-counted.
+    """
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 def _check_image(part: object, index: int, max_pixels: int | None) -> None:

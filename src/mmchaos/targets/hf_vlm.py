@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from mmchaos.targets.generation import (
     GenerationParams,
     GenerationResult,
     Message,
+    StreamUsage,
     as_messages,
     cut_at_stop,
 )
@@ -372,21 +373,28 @@ class HFVisionLanguageTarget(Target):
         params: GenerationParams | None = None,
     ) -> Iterator[str]:
         """Text deltas as the model produces them (transformers' TextIteratorStreamer); their
-        concatenation equals :meth:`generate`'s text for the same request, stop strings included."""
+        concatenation equals :meth:`generate`'s text for the same request, stop strings included.
+        Read to its end, the stream returns its :class:`StreamUsage` (the tokens ``generate`` counts)."""
+        return self._stream(prompt, images, params or GenerationParams())
+
+    def _stream(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray], params: GenerationParams
+    ) -> Generator[str, None, StreamUsage]:
         transformers = require("transformers")
-        params = params or GenerationParams()
         if params.n != 1:
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         inputs = self.build_inputs(prompt, images)
         self._check_image_given(inputs)
-        kwargs = self._generate_kwargs(params, int(inputs["input_ids"].shape[1]))
+        prompt_len = int(inputs["input_ids"].shape[1])
+        kwargs = self._generate_kwargs(params, prompt_len)
         streamer = transformers.TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         failure: list[BaseException] = []
+        sequences: list[Any] = []
 
         def run() -> None:
             try:
                 with self._lock, self._rng(params.seed), self.torch.inference_mode():
-                    self.model.generate(**inputs, **kwargs, streamer=streamer)
+                    sequences.append(self.model.generate(**inputs, **kwargs, streamer=streamer))
             except Exception as exc:
                 failure.append(exc)
                 streamer.end()  # wake the reader
@@ -415,6 +423,19 @@ class HFVisionLanguageTarget(Target):
         worker.join()  # generation ends by itself: at a stop string, end of sequence or max_new_tokens
         if failure:
             raise TargetCallError(f"generate failed: {_one_line(failure[0])}", code="generate_failed")
+        spent = self._spent_tokens(sequences[0], prompt_len, params) if sequences else None
+        return StreamUsage(prompt_tokens=prompt_len, completion_tokens=spent)
+
+    def _spent_tokens(self, sequences: Any, prompt_len: int, params: GenerationParams) -> int:
+        """The tokens a streamed completion spent, counted as :meth:`_completions` counts them
+        (up to and including EOS, or up to the stop string)."""
+        ids = [int(t) for t in sequences[0, prompt_len:].tolist()]
+        eos = self._eos_ids()
+        end = next((i + 1 for i, tok in enumerate(ids) if tok in eos), len(ids))
+        ids = ids[:end]
+        if params.stop and cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), params.stop)[1]:
+            return self._tokens_until_stop(ids, params.stop)
+        return len(ids)
 
     def _completions(self, out: Any, prompt_len: int, params: GenerationParams) -> list[Completion]:
         torch = self.torch

@@ -8,7 +8,9 @@ check) builds its bodies here, so traffic speaks the form the endpoint was found
 - ``"messages"``: vLLM's chat-embeddings request, one image per request
   (``{"messages": [{"role": "user", "content": [<image_url part>]}]}``);
 - ``"input"``: ``input`` items that are ``image_url`` content parts, batched (``mmchaos serve``);
-- ``"data_url"``: ``input`` strings that are ``data:`` URLs, batched (LiteLLM, infinity-style).
+- ``"data_url"``: ``input`` strings that are ``data:`` URLs, batched (LiteLLM);
+- ``"modality"``: the same strings with ``"modality": "image"`` in the body, batched (infinity, which
+  embeds a data-URL string as text without it).
 
 Chat completions have one form: ``image_url`` parts beside text parts in a user message. Plain
 JSON over strings; nothing here encodes images (see :mod:`.openai_wire`).
@@ -32,8 +34,8 @@ __all__ = [
     "text_body",
 ]
 
-ImageForm = Literal["messages", "input", "data_url"]
-IMAGE_FORMS: tuple[ImageForm, ...] = ("messages", "input", "data_url")
+ImageForm = Literal["messages", "input", "data_url", "modality"]
+IMAGE_FORMS: tuple[ImageForm, ...] = ("messages", "input", "data_url", "modality")
 """The ways of sending an image to ``/embeddings``, in the order the ``openai:`` probe tries them."""
 CHAT_IMAGE_FORM = "chat"
 """What the journal names the image form of chat traffic (``image_url`` parts in a message)."""
@@ -69,7 +71,10 @@ class EmbeddingsForm:
                 "encoding_format": encoding_format,
             }
         items: list[Any] = [image_part(u) for u in urls] if self.name == "input" else list(urls)
-        return {"model": model, "input": items, "encoding_format": encoding_format}
+        body: dict[str, Any] = {"model": model, "input": items, "encoding_format": encoding_format}
+        if self.name == "modality":
+            body["modality"] = "image"
+        return body
 
     def describe(self) -> dict[str, Any]:
         return {"image_form": self.name, "batched": self.batched, "shape": self.shape}
@@ -80,7 +85,8 @@ _FORMS: dict[str, EmbeddingsForm] = {
     for f in (
         EmbeddingsForm("messages", False, 'messages[0].content: [{"type": "image_url", ...}] (vLLM)'),
         EmbeddingsForm("input", True, 'input: [{"type": "image_url", "image_url": {"url": "data:..."}}]'),
-        EmbeddingsForm("data_url", True, 'input: ["data:image/...;base64,..."] (LiteLLM, infinity)'),
+        EmbeddingsForm("data_url", True, 'input: ["data:image/...;base64,..."] (LiteLLM)'),
+        EmbeddingsForm("modality", True, 'input: ["data:image/...;base64,..."], modality: "image" (infinity)'),
     )
 }
 

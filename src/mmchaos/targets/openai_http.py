@@ -1,10 +1,11 @@
 """``openai:<base-url>``: a live OpenAI-compatible endpoint (vLLM, ``mmchaos serve``, ...) as a target.
 
 Embeddings go to ``POST {base}/embeddings``: texts as ``input`` strings; images as ``data:`` URLs in
-one of three forms (``image_input``): ``"messages"``, one per request in vLLM's chat-embeddings form
+one of four forms (``image_input``): ``"messages"``, one per request in vLLM's chat-embeddings form
 (``messages`` with one ``image_url`` part); ``"input"``, batched as ``input`` items
 ``{"type": "image_url", "image_url": {"url": ...}}`` (``mmchaos serve``); ``"data_url"``, batched as
-``input`` strings that are data URLs (LiteLLM, infinity-style servers). Without metadata from the
+``input`` strings that are data URLs (LiteLLM); ``"modality"``, the same with ``"modality": "image"``
+in the body (infinity, which embeds a bare data-URL string as text). Without metadata from the
 server, :meth:`OpenAITarget.connect` probes each form and keeps the first that embeds pixels, not
 bytes: the same picture in two PNG encodings must give the same vector and a different picture a
 different one, so a text-only server that embeds the data URL as a string is not taken for an image
@@ -211,6 +212,12 @@ class OpenAITarget(Target):
         """What discovery tried and found (describe()'s evidence)."""
         self.gaps: dict[str, str] = {}
         """Modalities the endpoint handles in part that could not be tested, with the reason."""
+        self.max_text_tokens: int | None = None
+        """The text context limit the endpoint states (the ``mmchaos`` metadata's ``max_text_tokens``, or
+        the card's ``max_model_len``, vLLM's); None behind a gateway that strips both."""
+        self.limit_source = "unknown"
+        self.context_tokens: int | None = None
+        """A generative model's context limit, likewise (the metadata's ``context_tokens`` or ``max_model_len``)."""
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
         self.max_items = max_items
@@ -297,8 +304,21 @@ class OpenAITarget(Target):
             raise
         probe.capabilities = caps
         probe.metadata = {"card": {k: v for k, v in card.items() if k != "mmchaos"}, "mmchaos": meta}
+        probe._stated_limit(card, meta)
         probe.load_options = MappingProxyType({"model": chosen, "allow_remote": probe.allow_remote})
         return probe
+
+    def _stated_limit(self, card: Mapping[str, Any], meta: Mapping[str, Any] | None) -> None:
+        """The context limits ``/models`` states: mmchaos's metadata, else vLLM's ``max_model_len``."""
+
+        def first(*values: Any) -> int | None:
+            return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 2), None)
+
+        meta = meta or {}
+        self.max_text_tokens = first(meta.get("max_text_tokens"), card.get("max_model_len"))
+        self.context_tokens = first(meta.get("context_tokens"), card.get("max_model_len"))
+        if self.max_text_tokens is not None:
+            self.limit_source = "metadata"
 
     def _list_models(self) -> list[dict[str, Any]]:
         try:
@@ -744,8 +764,8 @@ class OpenAIOptions(SchemeOptions):
     allow_remote: bool = False
     """Allow hosts that are not loopback addresses."""
     image_input: ImageInput | None = None
-    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``); None: from the server's
-    metadata, else the first form the probe finds embedding pixels."""
+    """How images go to ``/embeddings`` (``messages``, ``input``, ``data_url``, ``modality``); None: from
+    the server's metadata, else the first form the probe finds embedding pixels."""
     capabilities: list[Capability] | None = None
     """Declare the capabilities instead of discovering them (e.g. ``[generate]``)."""
     api_key_env: str = Field("OPENAI_API_KEY", min_length=1)

@@ -178,3 +178,20 @@ def test_vllm_generation_metrics_count_the_requests(served: tuple[HFVisionLangua
     # A stream's tokens are its text re-counted by the tokenizer, at most max_tokens.
     assert 11 <= after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] <= 20
     assert sample("vllm:num_requests_running") == 0
+
+
+def test_a_stream_reports_the_same_usage_as_the_answer_without_stream(
+    served: tuple[HFVisionLanguageTarget, OpenAITarget, str],
+) -> None:
+    # LiteLLM forwards a stream's usage for spend tracking: the image tokens count there too.
+    vlm, _, url = served
+    content = [{"type": "image_url", "image_url": {"url": _png_url(IMG)}}, {"type": "text", "text": "Describe."}]
+    body = {"max_tokens": 10, "temperature": 0, "messages": [{"role": "user", "content": content}]}
+    plain = _post(url, body).json()["usage"]
+    streamed = {**body, "model": "tiny-llava", "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=streamed, timeout=60) as resp:
+        events = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
+    usage = json.loads(events[-2])["usage"]
+    local = vlm.generate("Describe.", [IMG], GREEDY)
+    assert plain["prompt_tokens"] == local.prompt_tokens  # the model's own count, image tokens included
+    assert usage == plain

@@ -2,10 +2,10 @@
 
 Against FAKES of correct OpenAI-compatible embeddings servers on loopback (tests/fakes/openai_server.py;
 vLLM, LiteLLM and infinity cannot run here), one per form: vLLM's ``messages``, ``input`` content
-parts, and data-URL strings in ``input`` (LiteLLM- and infinity-style; these answer the ``messages``
-form with a typed 400 ``bad_request``). Before the builders, every serving experiment sent images in
-the ``messages`` form, and a correct data-URL server failed ``serving_poison``'s steady state on
-mmchaos's own requests.
+parts, data-URL strings in ``input`` (LiteLLM-style; it answers the ``messages`` form with a typed
+400 ``bad_request``), and the same strings with ``"modality": "image"`` (infinity's form). Before
+the builders, every serving experiment sent images in the ``messages`` form, and a correct data-URL
+server failed ``serving_poison``'s steady state on mmchaos's own requests.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DATA = make_shapes(8, seed=3)
 IMAGE_POISONS = ["malformed_base64", "garbage_image", "truncated_png", "declared_huge", "huge_image"]
 POISON: dict[str, Any] = {**FAST, "poisons": [*IMAGE_POISONS, "invalid_json"], "huge_side": 1536, "poison_s": 3.0}
 # The fake's name for each form, and the probe's.
-FORMS = {"messages": "messages", "input_parts": "input", "data_url": "data_url"}
+FORMS = {"messages": "messages", "input_parts": "input", "data_url": "data_url", "modality": "modality"}
 
 
 def journal(findings: list[Finding]) -> dict[str, Any]:
@@ -55,6 +55,8 @@ def image_requests(config: FakeConfig) -> list[dict[str, Any]]:
 def form_of(body: dict[str, Any]) -> str:
     if "messages" in body:
         return "messages"
+    if body.get("modality") == "image":
+        return "modality"
     return "input_parts" if isinstance(body["input"][0], dict) else "data_url"
 
 

@@ -57,6 +57,30 @@ def test_images_as_data_urls_in_input_are_detected_like_litellm_and_infinity_tak
             target.close()
 
 
+def test_infinitys_modality_form_is_probed_recorded_and_used() -> None:
+    # infinity embeds a data-URL string as text unless the body says "modality": "image" (issue 20)
+    config = FakeConfig(image_forms=("modality",), chat=False)
+    with fake_openai_server(config) as url:
+        target = load_target(f"openai:{url}")
+        try:
+            assert isinstance(target, OpenAITarget)
+            assert Capability.EMBED_IMAGE in target.capabilities and target.image_input == "modality"
+            probe = target.describe()["endpoint"]["probe"]["image"]
+            assert [p["form"] for p in probe] == ["messages", "input", "data_url", "modality"]
+            assert [p["ok"] for p in probe] == [False, False, False, True]
+            assert "read as text" in probe[2]["outcome"]  # the plain data URL: embedded as a string
+            config.requests.clear()
+            np.testing.assert_allclose(
+                target.embed_images([RED, BLUE]), [image_vector_of(RED), image_vector_of(BLUE)], atol=1e-6
+            )
+            [sent] = config.requests
+            assert sent["body"]["modality"] == "image" and len(sent["body"]["input"]) == 2  # batched
+            assert target.untested_modalities() == {}
+            assert run_coverage(target) == [Verdict.PASS]
+        finally:
+            target.close()
+
+
 def image_vector_of(image: np.ndarray) -> list[float]:
     from mmchaos.targets.openai_http import data_url, png_bytes
 

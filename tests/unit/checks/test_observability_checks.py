@@ -53,6 +53,14 @@ class _ThirdPartyServer:
                 if status == 200:
                     e2e.labels("m").observe(seconds)
 
+        elif convention == "sglang":
+            sg = Histogram("sglang:e2e_request_latency_seconds", "E2E latency.", ["model_name"], registry=registry)
+            Gauge("sglang:num_running_reqs", "Requests running.", ["model_name"], registry=registry).labels("m").set(0)
+
+            def observe(route: str, status: int, seconds: float) -> None:
+                if status == 200:
+                    sg.labels("m").observe(seconds)
+
         elif convention == "fastapi_instrumentator":
             dur = Histogram("http_request_duration_seconds", "Latency.", ["handler", "method"], registry=registry)
             total = Counter("http_requests_total", "Requests.", ["handler", "method", "status"], registry=registry)
@@ -142,7 +150,9 @@ def run_against(convention: str, params: dict[str, Any] | None = None) -> list[F
             target.close()
 
 
-@pytest.mark.parametrize("convention", ["vllm", "fastapi_instrumentator", "opentelemetry", "opentelemetry_unitless"])
+@pytest.mark.parametrize(
+    "convention", ["vllm", "sglang", "fastapi_instrumentator", "opentelemetry", "opentelemetry_unitless"]
+)
 def test_metrics_exposure_passes_a_server_with_another_naming_convention(convention: str) -> None:
     findings = run_against(convention)
     assert findings and all(f.verdict == Verdict.PASS for f in findings), [(f.title, f.message) for f in findings]

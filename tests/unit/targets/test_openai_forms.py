@@ -18,7 +18,7 @@ PART = {"type": "image_url", "image_url": {"url": URL}}
 
 
 def test_each_form_puts_the_images_where_its_servers_read_them() -> None:
-    assert IMAGE_FORMS == ("messages", "input", "data_url")  # the probe's order
+    assert IMAGE_FORMS == ("messages", "input", "data_url", "modality")  # the probe's order
     assert embeddings_form("messages").body("m", [URL]) == {
         "model": "m",
         "messages": [{"role": "user", "content": [PART]}],
@@ -30,7 +30,14 @@ def test_each_form_puts_the_images_where_its_servers_read_them() -> None:
         "encoding_format": "base64",
     }
     assert embeddings_form("data_url").body("m", [URL]) == {"model": "m", "input": [URL], "encoding_format": "float"}
-    assert [embeddings_form(f).batched for f in IMAGE_FORMS] == [False, True, True]
+    # infinity reads a data-URL string as an image only when the body says so
+    assert embeddings_form("modality").body("m", [URL]) == {
+        "model": "m",
+        "input": [URL],
+        "encoding_format": "float",
+        "modality": "image",
+    }
+    assert [embeddings_form(f).batched for f in IMAGE_FORMS] == [False, True, True, True]
     assert embeddings_form("data_url").describe()["image_form"] == "data_url"
 
 
@@ -39,7 +46,7 @@ def test_a_body_the_form_cannot_carry_and_an_unknown_form_are_refused() -> None:
         embeddings_form("messages").body("m", [URL, URL])
     with pytest.raises(ValueError, match="at least one image"):
         embeddings_form("input").body("m", [])
-    with pytest.raises(ValueError, match=r"unknown image form 'parts' \(known: messages, input, data_url\)"):
+    with pytest.raises(ValueError, match=r"unknown image form 'parts' \(known: messages, input, data_url, modality\)"):
         embeddings_form("parts")
 
 

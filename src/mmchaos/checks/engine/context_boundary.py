@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.context_probe import LimitProbe, probe_limit
 from mmchaos.errors import MMChaosError
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
@@ -53,6 +54,29 @@ def limit_of(target: Target) -> int | None:
     if isinstance(limit, int) and 2 < limit < 1_000_000:
         return limit
     return None
+
+
+_SOURCES = {
+    "params": "given as params.max_tokens",
+    "stages": "the model's positions, from the target's stage limits",
+    "target": "stated by the target (its max_text_tokens or its tokenizer's model_max_length)",
+    "metadata": "stated by the endpoint's /v1/models metadata",
+    "probed": "probed: the largest length whose last word still changes the output",
+    "unknown": "neither stated nor found by probing",
+}
+"""Where a context limit came from (``evidence["limit_source"]``)."""
+
+
+def _declared_limit(target: Target, given: int | None, stages: dict[str, int | None] | None) -> tuple[int | None, str]:
+    """The limit the run knows without probing, and where it came from (a key of ``_SOURCES``)."""
+    if given:
+        return given, "params"
+    if stages and stages.get("model"):
+        return stages["model"], "stages"
+    limit = limit_of(target)
+    if limit is None:
+        return None, "unknown"
+    return limit, str(getattr(target, "limit_source", "target"))
 
 
 def stage_limits(target: Target) -> dict[str, int | None] | None:
@@ -172,6 +196,12 @@ class _Texts:
 
 class ContextBoundaryParams(Params):
     max_tokens: int | None = Field(default=None, ge=3, description="override the limit the target declares")
+    probe_requests: int = Field(
+        default=12, ge=2, le=64, description="requests the limit probe may send when the target states no limit"
+    )
+    probe_max_tokens: int = Field(
+        default=16384, ge=16, le=1_000_000, description="the longest text the limit probe sends (tokens)"
+    )
 
 
 class ContextBoundaryGate(Gate):
@@ -200,16 +230,7 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         stages = stage_limits(inner)
         if stages is not None:
             yield self._stages(ctx, stages)
-        limit = p.max_tokens or (stages or {}).get("model") or limit_of(inner)
-        if limit is None:
-            yield self.finding(
-                ctx,
-                Verdict.SKIPPED,
-                "the target declares no text context limit",
-                suggestion="set params.max_tokens",
-                evidence={"part": "within"},
-            )
-            return
+        limit, source = _declared_limit(inner, p.max_tokens, stages)
         words = [w for s in ctx.dataset.head(64) for w in (s.caption or s.text or "").split()] + _FALLBACK_WORDS
         try:
             texts = _Texts(inner, words)
@@ -219,9 +240,17 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
                 Verdict.SKIPPED,
                 f"texts of exact token counts cannot be built: {exc}",
                 message="every word of the data and the fallback list is several tokens or the unknown token",
-                evidence={"part": "within", "stages": stages},
+                evidence={"part": "within", "stages": stages, "limit_source": source},
             )
             return
+        probe: dict[str, Any] | None = None
+        if limit is None:
+            found = self._probe(ctx, texts)
+            probe = found.to_dict()
+            if found.limit is None:
+                yield self._unknown_limit(ctx, found, texts)
+                return
+            limit, source = found.limit, "probed"
         rows: dict[int, dict[str, Any]] = {}
         for n in (limit - 1, limit, limit + 1, 2 * limit):
             a = texts.text(n)
@@ -238,6 +267,8 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             rows[n] = row
         evidence: dict[str, Any] = {
             "limit": limit,
+            "limit_source": source,
+            "limit_probe": probe,
             "stages": stages,
             "exact_token_counts": texts.exact,
             "token_counts": "the same tokenizer called with truncation=False (a per-call setting; the shipped "
@@ -251,10 +282,66 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         evidence["input_artifact"] = artifacts[0].name
         within = self._within(ctx, limit, rows, texts, g, {**evidence, "part": "within"}, artifacts)
         yield within
-        yield self._beyond(ctx, limit, rows, g, {**evidence, "part": "beyond"}, within.verdict == Verdict.PASS)
-        eos = self._eos(ctx, inner, limit, rows, texts, g)
+        yield self._beyond(ctx, limit, rows, g, {**evidence, "part": "beyond"}, within.verdict == Verdict.PASS, source)
+        eos = self._eos(ctx, inner, limit, rows, texts, g, source)
         if eos is not None:
             yield eos
+
+    def _probe(self, ctx: CheckContext, texts: _Texts) -> LimitProbe:
+        """The largest length whose last word changes the output, within the request budget (each
+        probe is one request with the text and its variant)."""
+        g = self.gate
+
+        def fits(n: int) -> tuple[bool, str]:
+            a = texts.text(n)
+            try:
+                out = np.asarray(ctx.target.embed_texts([a, texts.variant(a)]), dtype=np.float64)
+            except Exception as exc:  # refused (typed) or broken: either way the text was not read in full
+                return False, f"error: {type(exc).__name__}: {exc}"[:300]
+            d = _distance(out[0], out[1])
+            return d > g.min_change, ("changes" if d > g.min_change else "ignored") + f" (1 - cos = {d:.3g})"
+
+        p = self.params
+        return probe_limit(fits, floor=texts.specials + 1, ceiling=p.probe_max_tokens, max_requests=p.probe_requests)
+
+    def _unknown_limit(self, ctx: CheckContext, found: LimitProbe, texts: _Texts) -> Finding:
+        """No limit stated and none found: what the probe saw, as a finding that does not pass quietly."""
+        p = self.params
+        evidence = {"part": "within", "limit": None, "limit_source": "unknown", "limit_probe": found.to_dict(),
+                    "exact_token_counts": texts.exact}  # fmt: skip
+        if found.outcome == "no_limit":
+            return self.finding(
+                ctx, Verdict.PASS,
+                f"no context limit found: texts of up to {found.fits} tokens are read in full (probed in "
+                f"{found.requests} requests; the target states no limit)",
+                metrics={"read_in_full_tokens": float(found.fits or 0), "probe_requests": float(found.requests)},
+                gate="within the limit every token changes the output", evidence=evidence,
+            )  # fmt: skip
+        if found.outcome == "never_fits":
+            title = (
+                f"the context limit is unknown: not even a {found.cut}-token text's last word changes the output "
+                "(the target states no limit)"
+            )
+        else:
+            where = (
+                f"between {found.fits} and {found.cut} tokens when its {found.requests} probe requests ran out"
+                if found.cut is not None
+                else f"texts of {found.fits} tokens are read in full, and its {found.requests} probe requests ran "
+                "out before a longer one was cut"
+            )
+            title = (
+                f"the context limit is unknown: {where} (the target states no limit); texts at the boundary went "
+                "untested"
+            )
+        return self.finding(
+            ctx, Verdict.WARN, title, severity=Severity.LOW,
+            metrics={"probe_requests": float(found.requests)},
+            gate="a known context limit (stated by the target, or found by probing)",
+            message="behind a gateway that strips /v1/models metadata the limit must be probed; this probe did "
+            "not find it (gates only under --strict)",
+            suggestion=f"give params.max_tokens, or raise params.probe_requests (now {p.probe_requests})",
+            evidence=evidence,
+        )  # fmt: skip
 
     def _stages(self, ctx: CheckContext, stages: dict[str, int | None]) -> Finding:
         """Do the tokenizer's, the processor's and the model's limits agree?"""
@@ -360,6 +447,7 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         g: ContextBoundaryGate,
         evidence: dict[str, Any],
         within_ok: bool,
+        source: str = "target",
     ) -> Finding:
         outcomes = {n: rows[n] for n in (limit + 1, 2 * limit)}
         gate = "past the limit: a typed error, or truncation with a warning" + (
@@ -385,16 +473,24 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
             )
         silent = [n for n, r in outcomes.items() if r["outcome"] == "ignored" and not r["warnings"]]
         if silent and not g.allow_silent_truncation and within_ok:
+            probed = source == "probed"
+            at = f"the endpoint's probed limit of {limit}" if probed else f"the model's own limit of {limit}"
+            why = (
+                "the endpoint states no limit, so it was probed (the largest length whose last word changes the "
+                "output): words past it do not change the output and the caller is not told"
+                if probed
+                else "standard CLIP-pipeline behaviour: words past the limit do not change the output and the "
+                "caller is not told"
+            )
             return self.finding(
                 ctx,
                 Verdict.WARN,
-                f"texts of {', '.join(map(str, silent))} tokens are truncated at the model's own limit of {limit} "
-                "tokens, with no error and no warning",
+                f"texts of {', '.join(map(str, silent))} tokens are truncated at {at} tokens, with no error and "
+                "no warning",
                 severity=Severity.LOW,
                 metrics={"limit": float(limit), "silently_truncated_lengths": float(len(silent))},
                 gate=gate,
-                message="standard CLIP-pipeline behaviour: words past the limit do not change the output and the "
-                "caller is not told (gates only under --strict)",
+                message=why + " (gates only under --strict)",
                 suggestion="reject texts over the limit with a typed error (Preflight max_text_tokens), or return/"
                 "log a truncation flag; chunk long texts if they matter",
                 evidence=evidence,
@@ -439,6 +535,7 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         rows: dict[int, dict[str, Any]],
         texts: _Texts,
         g: ContextBoundaryGate,
+        source: str = "target",
     ) -> Finding | None:
         long_row = rows[2 * limit]
         if long_row["outcome"] == "error":
@@ -452,6 +549,7 @@ class ContextBoundary(Check[ContextBoundaryParams, ContextBoundaryGate]):
         evidence: dict[str, Any] = {
             "part": "eos",
             "limit": limit,
+            "limit_source": source,
             "long_tokens": texts.count(long_text),
             "distance": distance,
         }

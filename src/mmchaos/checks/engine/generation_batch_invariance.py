@@ -24,6 +24,7 @@ from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.engine.generation_inputs import first_divergence, probe_images
+from mmchaos.checks.logprobs import LogprobsTally
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 from mmchaos.targets.generation import Completion, GenerationParams, Message
@@ -105,8 +106,10 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             return [Message("user", (*pictures, text))]
 
         per_probe: list[dict[str, Any]] = []
+        logprobs = LogprobsTally()
         for i, probe in enumerate(probes):
             alone = ctx.target.generate(probe, params=params).completions[0]
+            logprobs.add(alone)
             seen = {tuple(_tokens(alone))}
             mismatches: list[dict[str, Any]] = []
             lp_dev = 0.0
@@ -116,6 +119,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                 position = (i + run) % p.batch_size
                 batch.insert(position, probe)
                 got = ctx.target.generate_batch(batch, params)[position].completions[0]
+                logprobs.add(got)
                 seen.add(tuple(_tokens(got)))
                 dev = _lp_deviation(alone, got)
                 lp_dev = max(lp_dev, dev) if np.isfinite(dev) else lp_dev
@@ -133,10 +137,20 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
         divergences = [m["first_divergence"] for r in bad for m in r["mismatches"]]
         metrics = {"probes": float(len(probes)), "runs": float(p.runs), "mismatched_probes": float(len(bad)),
                    "max_distinct_completions": float(distinct),
-                   "earliest_divergence": float(min(divergences)) if divergences else -1.0,
-                   "max_logprob_deviation": max(r["max_logprob_deviation"] for r in per_probe)}  # fmt: skip
+                   "earliest_divergence": float(min(divergences)) if divergences else -1.0}  # fmt: skip
+        if logprobs.measured:  # a deviation of logprobs the target never gave is no measurement
+            metrics["max_logprob_deviation"] = max(r["max_logprob_deviation"] for r in per_probe)
+        else:
+            for r in per_probe:
+                r.pop("max_logprob_deviation")
         evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe,
-                                    "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES]}  # fmt: skip
+                                    "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES],
+                                    "logprobs": logprobs.evidence(ctx.target)}  # fmt: skip
+        lp = (
+            f"max logprob deviation {metrics['max_logprob_deviation']:.2g}"
+            if logprobs.measured
+            else f"{logprobs.clause()}: tokens compared only"
+        )
         gate = (
             f"mismatched probes <= {g.max_mismatched_probes}, distinct completions per probe <= "
             f"{g.max_distinct_completions}"
@@ -145,7 +159,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             yield self.finding(
                 ctx, Verdict.PASS,
                 f"greedy tokens identical alone and in {p.runs} heterogeneous batches of {p.batch_size} "
-                f"({len(probes)} probes; max logprob deviation {metrics['max_logprob_deviation']:.2g})",
+                f"({len(probes)} probes; {lp})",
                 metrics=metrics, gate=gate, evidence=evidence,
             )  # fmt: skip
             return

@@ -30,6 +30,7 @@ from mmchaos._lazy import require
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.engine.generation_inputs import first_divergence, probe_images
 from mmchaos.checks.engine.precision import cast_module, first_nonfinite_module
+from mmchaos.checks.logprobs import LogprobsTally
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
@@ -151,16 +152,24 @@ class GenerationPrecision(Check[GenerationPrecisionParams, GenerationPrecisionGa
                 dev = np.abs(np.asarray(a.logprobs[:agreed]) - np.asarray(b.logprobs[:agreed]))
                 deviations.append(float(np.nanmax(np.where(np.isfinite(dev), dev, np.inf))))
         agreement = float(np.mean(agreements))
+        logprobs = LogprobsTally()
+        logprobs.add(*ref, *low)
         first = min((d for d in divergences if d is not None), default=None)
         metrics = {"token_agreement": agreement, "token_agreement_raw": float(np.mean(raw)),
                    "divergences_within_margin": float(explained),
                    "exact_match_rate": float(np.mean([d is None for d in divergences])),
                    "first_divergent_token": float(first) if first is not None else -1.0,
-                   "max_logprob_deviation": max(deviations, default=0.0),
                    "nonfinite_requests": float(len(bad))}  # fmt: skip
+        if logprobs.measured:
+            metrics["max_logprob_deviation"] = max(deviations, default=0.0)
         evidence: dict[str, Any] = {"dtype": name, "seed": ctx.seed, "first_divergence_per_request": divergences,
-                                    "fp32_margin_at_divergence": margins,
+                                    "fp32_margin_at_divergence": margins, "logprobs": logprobs.evidence(ctx.target),
                                     "fp32": [c.text[:60] for c in ref], "low": [c.text[:60] for c in low]}  # fmt: skip
+        lp = (
+            f"max logprob deviation {metrics['max_logprob_deviation']:.2g}"
+            if logprobs.measured
+            else f"{logprobs.clause()}: neither finiteness nor deviation of logprobs was measured"
+        )
         need = self.gate.min_token_agreement.get(name, 0.75)
         gate = (
             f"finite logprobs, token agreement >= {need:g} (divergences within an fp32 margin of "
@@ -181,7 +190,7 @@ class GenerationPrecision(Check[GenerationPrecisionParams, GenerationPrecisionGa
             return self.finding(
                 ctx, Verdict.PASS,
                 f"{name}: greedy tokens agree {agreement:.3f} with fp32 ({metrics['exact_match_rate']:.0%} exact; "
-                f"max logprob deviation {metrics['max_logprob_deviation']:.2g}"
+                f"{lp}"
                 + (f"; {explained} divergence(s) at fp32 near-ties" if explained else "")
                 + ")",
                 metrics=metrics, gate=gate, evidence=evidence,

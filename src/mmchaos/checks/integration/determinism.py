@@ -27,6 +27,7 @@ from pydantic import Field
 from mmchaos.checks.base import ANY_MODALITY, Check, CheckContext, Gate, Params
 from mmchaos.checks.engine.generation_inputs import probe_requests, result_signature
 from mmchaos.checks.integration.thread_safety import max_difference
+from mmchaos.checks.logprobs import LogprobsTally
 from mmchaos.errors import MMChaosError, TargetLoadError
 from mmchaos.executors.base import Worker
 from mmchaos.executors.codec import decode_value, encode_value
@@ -305,8 +306,10 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
         runs = [(params, out["first"], out["second"]) for params, out in zip(settings, outs, strict=True)]
         differing: list[dict[str, Any]] = []
         worst_logprob = 0.0
+        logprobs = LogprobsTally()
         for params, first, second in runs:
             for name, a, b in zip(names, first, second, strict=True):
+                logprobs.add(*a.completions, *b.completions)
                 gap = max((_logprob_gap(x, y) for x, y in zip(a.completions, b.completions, strict=False)), default=0.0)
                 same = result_signature(a) == result_signature(b)
                 if same:
@@ -314,19 +317,19 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
                 if not same or gap > g.max_abs_diff:
                     differing.append({"request": name, "seed": params.seed, "first": a.text[:200],
                                       "second": b.text[:200], "max_logprob_diff": gap})  # fmt: skip
-        metrics = {
-            "requests": float(len(names) * len(runs)),
-            "differing_requests": float(len(differing)),
-            "max_logprob_diff": worst_logprob,
-        }
+        metrics = {"requests": float(len(names) * len(runs)), "differing_requests": float(len(differing))}
+        if logprobs.measured:  # a difference of logprobs the target never gave is no measurement
+            metrics["max_logprob_diff"] = worst_logprob
+        evidence["logprobs"] = logprobs.evidence(ctx.target)
         if mode == "generate_seeded":
             distinct = [len({result_signature(first[i]) for _, first, _ in runs}) for i in range(len(names))]
             metrics["mean_distinct_over_seeds"] = float(np.mean(distinct)) if distinct else 0.0
         gate = f"identical completions (text, tokens, finish reason) and logprobs within {g.max_abs_diff:g}"
         if not differing:
+            unmeasured = "" if logprobs.measured else f"; {logprobs.clause()}, so they were not compared"
             return self.finding(
-                ctx, Verdict.PASS, f"{how}: identical completions ({len(names)} requests)", metrics=metrics,
-                gate=gate, evidence=evidence,
+                ctx, Verdict.PASS, f"{how}: identical completions ({len(names)} requests{unmeasured})",
+                metrics=metrics, gate=gate, evidence=evidence,
             )  # fmt: skip
         evidence["differing"] = differing[:10]
         first_bad = differing[0]

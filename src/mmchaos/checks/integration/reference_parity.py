@@ -28,6 +28,7 @@ from pydantic import Field
 
 from mmchaos import tasks
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.logprobs import LogprobsTally
 from mmchaos.data.base import Dataset
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
@@ -239,7 +240,9 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
             "reference_length_share": float(np.mean([b == "length" for _, b in ends])) if ends else 0.0,
         }
         first = next((i for i, r in enumerate(rows) if not (r.equal or r.close)), None)
-        evidence: dict[str, Any] = {"reference": ref.uri}
+        logprobs = LogprobsTally()
+        logprobs.add(*(a.completions[0] for a in mine))
+        evidence: dict[str, Any] = {"reference": ref.uri, "logprobs": logprobs.evidence(ctx.target)}
         if first is not None:
             evidence["first_divergence"] = {
                 "sample": data[first].id,
@@ -255,7 +258,12 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
                 ctx, Verdict.PASS,
                 f"greedy answers agree with the reference on {share:.0%} of {len(rows)} prompts",
                 metrics=metrics, evidence=evidence,
-                message=f"exact token match {metrics['exact_match']:.0%}; the rest near-ties (check_logprobs_close)",
+                message=f"exact token match {metrics['exact_match']:.0%}; "
+                + (
+                    "the rest near-ties (check_logprobs_close)"
+                    if logprobs.measured
+                    else f"{logprobs.clause()}, so near-ties were not judged (check_logprobs_close needs them)"
+                ),
             )  # fmt: skip
         if share < self.gate.min_greedy_match and data.has_images and not causes:
             cause = self._image_cause(ref, data, mine, variants, share, metrics)

@@ -112,6 +112,10 @@ class MissingModality(Check[MissingModalityParams, MissingModalityGate]):
                 "reject with a typed error", evidence=evidence, artifacts=artifacts,
             )  # fmt: skip
         metrics = _hallucination_metrics(answers, g.confident_at)
+        answered = sum(a.error is None for a in answers)
+        if answered and "confident_hallucination_rate" not in metrics:
+            evidence["logprobs"] = {"asked": answered, "given": 0, "note": "the server gave no logprobs for "
+                                    "these answers: how confident a hallucination was is not measured"}  # fmt: skip
         gate = f"hallucination rate <= {g.max_hallucination_rate} (answers that are not abstentions)"
         what = "a blank image" if probe.image is not None else "no image"
         if metrics["hallucination_rate"] > g.max_hallucination_rate:

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -33,7 +34,7 @@ from mmchaos.server.inputs import Turn
 from mmchaos.server.model import as_is
 from mmchaos.server.respond import disconnected, guarded
 from mmchaos.server.work import ClientGone, GenerationStream, client_gone, unless_gone
-from mmchaos.targets.generation import GenerationParams, Message
+from mmchaos.targets.generation import GenerationParams, Message, StreamUsage
 
 __all__ = ["SSEResponse", "stream_chat", "stream_job"]
 
@@ -44,19 +45,27 @@ def stream_job(
     params: GenerationParams,
     cancel: threading.Event,
     emit: Callable[[str], None],
-) -> int | None:
+) -> StreamUsage:
     """Decode, then stream the target's deltas through ``emit`` under the model lock and breaker.
 
     A cancelled request (its client left) stops at its next delta and closes the target's
-    stream, so the model and the slot go to the next request.
+    stream, so the model and the slot go to the next request. Returns the stream's usage: the
+    target's own counts where its stream returns them (:class:`StreamUsage`), else the text's
+    tokens by the target's tokenizer.
     """
     messages = chat_messages(server, turns, cancel)
 
-    def run(msgs: list[Message]) -> int | None:
-        deltas = server.target.generate_stream(msgs, (), params)
+    def run(msgs: list[Message]) -> StreamUsage:
+        deltas = iter(server.target.generate_stream(msgs, (), params))
         sent: list[str] = []
+        given: object = None
         try:
-            for delta in deltas:
+            while True:
+                try:
+                    delta = next(deltas)
+                except StopIteration as end:  # a generator's return value: the target's own counts
+                    given = end.value
+                    break
                 if cancel.is_set():
                     raise RequestCancelled()
                 if not isinstance(delta, str):
@@ -70,10 +79,13 @@ def stream_job(
             close = getattr(deltas, "close", None)
             if callable(close):
                 close()
-        return server.model.count_tokens("".join(sent))
+        own = given if isinstance(given, StreamUsage) else StreamUsage()
+        if own.completion_tokens is None:
+            own = replace(own, completion_tokens=server.model.count_tokens("".join(sent)))
+        return own
 
-    counted: int | None = server.model.call("chat", run, messages, as_is, cancel)
-    return counted
+    usage: StreamUsage = server.model.call("chat", run, messages, as_is, cancel)
+    return usage
 
 
 async def stream_chat(server: GuardedServer, chat: GenerativeRequest, request: Request) -> Response:
@@ -204,13 +216,16 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return None
         full = "".join(text)
-        counted = self.stream.result
+        given = self.stream.result
+        own = given if isinstance(given, StreamUsage) else StreamUsage()
+        counted = own.completion_tokens
         # Re-encoding the text can count more tokens than were generated (a byte-level model's broken
         # UTF-8 comes back as U+FFFD); a completion never has more than max_new_tokens.
         counted_tokens = counted if isinstance(counted, int) else (estimate_tokens(full) if full else 0)
         completion_tokens = min(counted_tokens, self.params.max_new_tokens)
         finish = "length" if completion_tokens >= self.params.max_new_tokens else "stop"
-        prompt = prompt_tokens(None, self.turns)
+        # The target's own prompt count (image tokens included), as the answer without stream gives.
+        prompt = own.prompt_tokens if isinstance(own.prompt_tokens, int) else prompt_tokens(None, self.turns)
         if not await emit(self._chunk({}, finish)):
             return gone()
         if self.include_usage:
