@@ -78,6 +78,12 @@ class Batcher:
         #: Sizes of the batches run, the most recent last (bounded): for /metrics and the tests.
         self.sizes: list[int] = []
 
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet in a running batch."""
+        with self._cond:
+            return len(self._pending)
+
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
