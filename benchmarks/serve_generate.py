@@ -5,15 +5,15 @@ Floor: the target in this process, the same requests in batches of the concurren
 (`generate_batch`; `generate` alone at 1): completion tokens/s over the whole run, and TTFT as the
 time of one batch of `max_new_tokens=1` (prefill plus the first token). Served: `mmchaos serve
 --target T` in a child process (benchmarks/_serve_proc.py), default flags (batching on, 16 slots,
-shedding at 0.5 s) and `--no-batching` (4 slots, as before batching); closed-loop clients, each
-sending `--rounds` chat requests one after another: completion tokens/s from the answers' usage,
+shedding at 0.5 s) and `--no-batching` (4 slots, as before batching); closed-loop clients that
+share `--requests` chat requests (each sends its share one after another): completion tokens/s from the answers' usage,
 the median latency, the answered and refused (429) counts, and TTFT (median time to the first
 content delta) from a second, streamed pass. Streamed requests are not batched (the target streams
 one request at a time), so the streamed TTFT of the batching server at concurrency > 1 is that of
 requests waiting for the model in turn. Ratios are against the floor at the same concurrency:
 tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick).
 
-    python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--rounds 3] [--max-new-tokens 16]
+    python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--requests 48] [--max-new-tokens 16]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _serve_proc import mmchaos_serve  # noqa: E402
+from _serve_proc import mmchaos_serve
 
 QUESTION = "What colour is the shape?"
 
@@ -76,7 +76,7 @@ def _floor(target: Any, images: list[Any], concurrency: int, max_new_tokens: int
         run(chunk, first)
         ttfts.append(time.perf_counter() - t)
     return {"tok_s": tokens / wall, "ttft": statistics.median(ttfts), "latency": wall / len(chunks),
-            "answered": float(len(chats)), "refused": 0.0}  # fmt: skip
+            "answered": float(len(chats)), "refused": 0.0, "batch": float(concurrency)}  # fmt: skip
 
 
 def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_tokens: int) -> dict[str, float]:
@@ -114,7 +114,9 @@ def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_
             rows = [row for rs in pool.map(lambda k: client(k, stream), range(concurrency)) for row in rs]
         return time.perf_counter() - start, rows
 
+    before = _batches(url)
     wall, rows = wave(False)
+    after = _batches(url)
     ok = [r for r in rows if r[0] == 200]
     _, srows = wave(True)
     sok = [r for r in srows if r[0] == 200]
@@ -124,7 +126,21 @@ def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_
         "ttft": statistics.median(r[3] for r in sok) if sok else float("nan"),
         "answered": float(len(ok)),
         "refused": float(sum(1 for r in rows if r[0] == 429)),
+        "batch": (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else 1.0,
     }
+
+
+def _batches(url: str) -> tuple[float, float]:
+    """(requests, batches) of chat model batches so far, from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=60.0).text
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for part in found:
+            if line.startswith(f'mmchaos_server_batch_size_{part}{{kind="chat"}}'):
+                found[part] = float(line.split()[-1])
+    return found["sum"], found["count"]
 
 
 def _warm(url: str, images: list[Any], max_new_tokens: int) -> None:
@@ -140,36 +156,41 @@ def _warm(url: str, images: list[Any], max_new_tokens: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="builtin:tiny-vlm")
-    ap.add_argument("--rounds", type=int, default=3, help="requests per client (the floor runs as many)")
+    ap.add_argument("--requests", type=int, default=48, help="requests per concurrency level (the floor runs them too)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--serve-args", default="", help="extra flags for the batching server (e.g. '--batch-window 0.02')")
+    ap.add_argument("--no-unbatched", action="store_true", help="leave out the --no-batching server")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
     from mmchaos.targets import load_target
     from mmchaos.targets.generation import Message
 
-    images = _images(max(levels) * args.rounds)
+    images = _images(args.requests)
     results: dict[tuple[str, int], dict[str, float]] = {}
     target = load_target(args.target)
     target.generate_batch([[Message("user", (images[0], QUESTION))]] * 2)  # warm-up
     for c in levels:
-        results[("floor: batched generate", c)] = _floor(target, images[: c * args.rounds], c, args.max_new_tokens)
+        results[("floor: batched generate", c)] = _floor(target, images, c, args.max_new_tokens)
     target.close()
-    for name, flags in (("serve, batching", ()), ("serve, --no-batching", ("--no-batching",))):
+    servers: list[tuple[str, tuple[str, ...]]] = [("serve, batching", tuple(args.serve_args.split()))]
+    if not args.no_unbatched:
+        servers.append(("serve, --no-batching", ("--no-batching",)))
+    for name, flags in servers:
         with mmchaos_serve(args.target, *flags) as (_, url):
             _warm(url, images, args.max_new_tokens)
             for c in levels:
-                results[(name, c)] = _served(url, images[: c * args.rounds], c, args.rounds, args.max_new_tokens)
+                results[(name, c)] = _served(url, images, c, args.requests // c, args.max_new_tokens)
 
-    print(f"{args.target}, max_new_tokens={args.max_new_tokens}, {args.rounds} requests per client, greedy")
-    head = f"{'':26} {'conc':>4} {'tok/s':>7} {'x floor':>7} {'latency':>8} {'TTFT':>7} {'x floor':>7} {'200':>4} {'429':>4}"
-    print(head)
+    print(f"{args.target}, max_new_tokens={args.max_new_tokens}, {args.requests} requests per level, greedy")
+    print(f"{'':26} {'conc':>4} {'tok/s':>7} {'x floor':>7} {'latency':>8} {'TTFT':>7} {'x floor':>7} "
+          f"{'200':>4} {'429':>4} {'batch':>5}")  # fmt: skip
     for (name, c), r in results.items():
         floor = results[("floor: batched generate", c)]
         print(f"{name:26} {c:4d} {r['tok_s']:7.1f} {r['tok_s'] / floor['tok_s']:6.2f}x {r['latency'] * 1e3:6.0f}ms "
               f"{r['ttft'] * 1e3:5.0f}ms {r['ttft'] / floor['ttft']:6.2f}x {int(r['answered']):4d} "
-              f"{int(r['refused']):4d}")  # fmt: skip
+              f"{int(r['refused']):4d} {r['batch']:5.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

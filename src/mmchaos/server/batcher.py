@@ -64,10 +64,18 @@ class _Entry:
 class Batcher:
     """One thread that runs submitted model inputs in batches of up to ``max_batch`` per key."""
 
-    def __init__(self, max_batch: int, window: float, *, name: str = "mmchaos-batcher") -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        window: float,
+        *,
+        name: str = "mmchaos-batcher",
+        observe: Callable[[Hashable, int], None] | None = None,
+    ) -> None:
         self.max_batch = max_batch
         self.window = window
         self.name = name
+        self.observe = observe  # (key, size) of every batch run
         self._cond = threading.Condition()
         self._pending: list[_Entry] = []
         self._coming = 0  # requests admitted and decoding, that will submit
@@ -204,6 +212,8 @@ class Batcher:
         if not batch:
             return
         self.sizes = [*self.sizes[-255:], len(batch)]
+        if self.observe is not None:
+            self.observe(batch[0].key, len(batch))
         start = time.perf_counter()
         outcomes = self._call(batch)
         took = time.perf_counter() - start

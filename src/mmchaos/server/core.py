@@ -117,7 +117,9 @@ class GuardedServer:
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
         #: The batcher when batching is on (None: every request is its own model call).
-        self.batcher: Batcher | None = Batcher(cfg.max_batch_size, cfg.batch_window) if cfg.batching else None
+        self.batcher: Batcher | None = None
+        if cfg.batching:
+            self.batcher = Batcher(cfg.max_batch_size, cfg.batch_window, observe=self._observe_batch)
         #: Whether chat generations are batched too (the target batches for real).
         self.batch_generation = (
             self.batcher is not None and target.has(Capability.GENERATE) and batches_generation(target)
@@ -200,6 +202,10 @@ class GuardedServer:
     async def drain(self, timeout: float) -> bool:
         """Wait (up to ``timeout``) for model calls that outlived their requests; True if none is left."""
         return await self.work.drain(timeout)
+
+    def _observe_batch(self, key: Any, size: int) -> None:
+        kind = key[0] if isinstance(key, tuple) and key else str(key)
+        self.metrics.batch_size.labels(str(kind)).observe(size)
 
     def _refusal(self) -> ServerError | None:
         """The load gate: every request is refused while the model failed its load check."""

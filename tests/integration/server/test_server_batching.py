@@ -162,6 +162,8 @@ def test_concurrent_requests_run_as_one_batch_and_get_their_sequential_answers(
     with ServerThread(target, BATCHED) as srv:
         got = [_answer(path, r) for r in _lined_up(srv, target, path, bodies)]
         assert srv.state.batcher is not None and max(srv.state.batcher.sizes) == 7  # all but the first at once
+        label = {"kind": "chat" if kind == "chat" else "embed"}
+        assert srv.state.registry.get_sample_value("mmchaos_server_batch_size_sum", label) == 8.0  # 1 + 7
     _assert_same(path, got, want)
     if kind == "chat":
         assert target.batch_sizes[-1] == 7  # one batched generate of the seven
