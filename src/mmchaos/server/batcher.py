@@ -7,9 +7,9 @@ serialises with it). When the model is free and a request waits, the thread gath
 of the same *key* (inputs that can share one model call: embeddings, or generations with the same
 sampling parameters) up to ``max_batch`` and waits at most ``window`` seconds for more: requests
 that are admitted and still decoding (:meth:`Batcher.joining`) are certainly coming; others may,
-so without any on the way the wait is also at most a tenth of the key's measured call (a lone
-request pays a tenth of its own call time at the most). While a batch runs, the next one forms
-by itself: under load the batches fill without any waiting.
+when the key's last batch had company, so without any on the way the wait is also at most a tenth
+of the key's measured call; after a batch of one (a lone client) it does not wait at all. While a
+batch runs, the next one forms by itself: under load the batches fill without any waiting.
 
 Only admitted requests submit, so a batch's decoded pixels are within the admission's pixel
 budget. A failing batch of several is run again one request at a time, so one bad request (a
@@ -83,6 +83,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         #: EWMA seconds of one batch call per key (what a lone request's wait is measured against).
         self._call_seconds: dict[Hashable, float] = {}
+        self._last_size: dict[Hashable, int] = {}
         #: Sizes of the batches run, the most recent last (bounded): for /metrics and the tests.
         self.sizes: list[int] = []
 
@@ -189,8 +190,9 @@ class Batcher:
                 if same >= self.max_batch:
                     break
                 window = self.window
-                if not self._coming:
-                    window = min(window, _LONE_WAIT_SHARE * self._call_seconds.get(key, 0.0))
+                if not self._coming:  # company is likely only if the last batch had some
+                    lonely = self._last_size.get(key, 1) <= 1
+                    window = 0.0 if lonely else min(window, _LONE_WAIT_SHARE * self._call_seconds.get(key, 0.0))
                 left = start + window - time.perf_counter()
                 if left <= 0:
                     break
@@ -212,6 +214,7 @@ class Batcher:
         if not batch:
             return
         self.sizes = [*self.sizes[-255:], len(batch)]
+        self._last_size[batch[0].key] = len(batch)
         if self.observe is not None:
             self.observe(batch[0].key, len(batch))
         start = time.perf_counter()

@@ -57,7 +57,8 @@ class ServerConfig(BaseModel):
     #: Most requests in one model batch.
     max_batch_size: int = Field(default=16, ge=1, le=1024)
     #: Seconds a batch waits for more requests once the model is free: for requests already
-    #: admitted and decoding, and (at most a tenth of the measured batch call) for new ones.
+    #: admitted and decoding, and (at most a tenth of the measured batch call, and only when the
+    #: last batch had more than one request) for new ones.
     batch_window: float = Field(default=0.005, ge=0.0, le=1.0)
     #: Requests allowed to wait for a slot; one more is answered 429 with Retry-After.
     max_queue: int = Field(default=64, ge=0, le=100_000)
