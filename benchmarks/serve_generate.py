@@ -11,7 +11,10 @@ the median latency, the answered and refused (429) counts, and TTFT (median time
 content delta) from a second, streamed pass. Streamed requests are not batched (the target streams
 one request at a time), so the streamed TTFT of the batching server at concurrency > 1 is that of
 requests waiting for the model in turn. Ratios are against the floor at the same concurrency:
-tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick).
+tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick); `batch` is the
+mean requests per model batch the server ran (from its /metrics). Both servers run at once and each
+level is measured on the floor and both servers in turn, so load that drifts over the run shifts a
+level's rows alike. (`transformers serve`, which issue 23 also names, is not measured here.)
 
     python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--requests 48] [--max-new-tokens 16]
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import os
@@ -169,19 +173,22 @@ def main() -> None:
 
     images = _images(args.requests)
     results: dict[tuple[str, int], dict[str, float]] = {}
-    target = load_target(args.target)
-    target.generate_batch([[Message("user", (images[0], QUESTION))]] * 2)  # warm-up
-    for c in levels:
-        results[("floor: batched generate", c)] = _floor(target, images, c, args.max_new_tokens)
-    target.close()
     servers: list[tuple[str, tuple[str, ...]]] = [("serve, batching", tuple(args.serve_args.split()))]
     if not args.no_unbatched:
         servers.append(("serve, --no-batching", ("--no-batching",)))
-    for name, flags in servers:
-        with mmchaos_serve(args.target, *flags) as (_, url):
+    target = load_target(args.target)
+    target.generate_batch([[Message("user", (images[0], QUESTION))]] * 2)  # warm-up
+    with contextlib.ExitStack() as stack:
+        # Every server up at once, and each level measured on all of them in turn (the floor
+        # first): a machine whose load drifts over the run shifts every row of a level alike.
+        urls = {name: stack.enter_context(mmchaos_serve(args.target, *flags))[1] for name, flags in servers}
+        for url in urls.values():
             _warm(url, images, args.max_new_tokens)
-            for c in levels:
+        for c in levels:
+            results[("floor: batched generate", c)] = _floor(target, images, c, args.max_new_tokens)
+            for name, url in urls.items():
                 results[(name, c)] = _served(url, images, c, args.requests // c, args.max_new_tokens)
+    target.close()
 
     print(f"{args.target}, max_new_tokens={args.max_new_tokens}, {args.requests} requests per level, greedy")
     print(f"{'':26} {'conc':>4} {'tok/s':>7} {'x floor':>7} {'latency':>8} {'TTFT':>7} {'x floor':>7} "
