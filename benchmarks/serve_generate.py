@@ -1,97 +1,203 @@
-"""Generate throughput of `mmchaos serve` (guards on, over loopback HTTP) against plain
-`target.generate` in the same process and run, on the same requests.
+"""Generation throughput and TTFT of `mmchaos serve` (batching on and off) against the bare batched
+`generate` floor on the same model, at concurrency 1, 4 and 16, in one run.
 
-Baseline: the target's own `generate`, called sequentially. Served: the same requests sent through
-the `openai:` target to the reference server, sequentially and with concurrency. Reported as
-requests/s, generated words/s and the ratio to the baseline.
+Floor: the target in this process, the same requests in batches of the concurrency
+(`generate_batch`; `generate` alone at 1): completion tokens/s over the whole run, and TTFT as the
+time of one batch of `max_new_tokens=1` (prefill plus the first token). Served: `mmchaos serve
+--target T` in a child process (benchmarks/_serve_proc.py), default flags (batching on, 16 slots,
+shedding at 0.5 s) and `--no-batching` (4 slots, as before batching); closed-loop clients that
+share `--requests` chat requests (each sends its share one after another): completion tokens/s from the answers' usage,
+the median latency, the answered and refused (429) counts, and TTFT (median time to the first
+content delta) from a second, streamed pass. Streamed requests are not batched (the target streams
+one request at a time), so the streamed TTFT of the batching server at concurrency > 1 is that of
+requests waiting for the model in turn. Ratios are against the floor at the same concurrency:
+tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick); `batch` is the
+mean requests per model batch the server ran (from its /metrics). Both servers run at once and each
+level is measured on the floor and both servers in turn, so load that drifts over the run shifts a
+level's rows alike. (`transformers serve`, which issue 23 also names, is not measured here.)
 
-    python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--requests 24] [--max-new-tokens 16]
-
-Without --target it uses builtin:tiny-vlm when it ships, else a tiny LLaVA built from config.
+    python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--requests 48] [--max-new-tokens 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import io
+import json
 import os
-import tempfile
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from _serve_proc import mmchaos_serve
 
-def _target(uri: str | None, workdir: str) -> Any:
-    from mmchaos.errors import UsageError
-    from mmchaos.targets import load_target
-
-    if uri:
-        return load_target(uri)
-    try:
-        return load_target("builtin:tiny-vlm")
-    except UsageError:
-        from mmchaos.targets.tiny_vlms import build_tiny_vlm
-
-        return load_target(f"hf:{build_tiny_vlm('llava', os.path.join(workdir, 'llava'))}")
+QUESTION = "What colour is the shape?"
 
 
-def _requests(n: int) -> list[tuple[str, list[Any]]]:
+def _images(n: int) -> list[Any]:
     from mmchaos.data.shapes import make_shapes
 
-    data = make_shapes(n, seed=1)
-    return [("What colour is the shape?", [s.image]) for s in data.samples[:n]]
+    return [s.image for s in make_shapes(n, seed=1).samples[:n]]
 
 
-def _tokens(result: Any) -> int:
-    # Counted the same way on both paths (HTTP answers carry no token ids): words of the answer.
-    return len(result.completions[0].text.split())
+def _body(image: Any, max_new_tokens: int, stream: bool) -> dict[str, Any]:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": parts}], "max_tokens": max_new_tokens,
+                            "temperature": 0}  # fmt: skip
+    if stream:
+        body["stream"] = True
+    return body
 
 
-def _run(fn: Any, reqs: list[tuple[str, list[Any]]], concurrency: int) -> tuple[float, int]:
+def _floor(target: Any, images: list[Any], concurrency: int, max_new_tokens: int) -> dict[str, float]:
+    """Batches of ``concurrency`` through the target itself: tokens/s, and TTFT as a 1-token batch."""
+    from mmchaos.targets.generation import GenerationParams, Message
+
+    params = GenerationParams(max_new_tokens=max_new_tokens, logprobs=False)
+    first = GenerationParams(max_new_tokens=1, logprobs=False)
+    chats = [[Message("user", (img, QUESTION))] for img in images]
+    chunks = [chats[i : i + concurrency] for i in range(0, len(chats), concurrency)]
+
+    def run(chunk: list[Any], p: Any) -> list[Any]:
+        return [target.generate(chunk[0], (), p)] if len(chunk) == 1 else target.generate_batch(chunk, p)
+
     start = time.perf_counter()
-    if concurrency == 1:
-        results = [fn(r) for r in reqs]
-    else:
+    tokens = sum(len(r.completions[0].token_ids or ()) for chunk in chunks for r in run(chunk, params))
+    wall = time.perf_counter() - start
+    ttfts = []
+    for chunk in chunks:
+        t = time.perf_counter()
+        run(chunk, first)
+        ttfts.append(time.perf_counter() - t)
+    return {"tok_s": tokens / wall, "ttft": statistics.median(ttfts), "latency": wall / len(chunks),
+            "answered": float(len(chats)), "refused": 0.0, "batch": float(concurrency)}  # fmt: skip
+
+
+def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_tokens: int) -> dict[str, float]:
+    import httpx
+
+    plain = [_body(img, max_new_tokens, False) for img in images]
+    streamed = [_body(img, max_new_tokens, True) for img in images]
+
+    def client(k: int, stream: bool) -> list[tuple[int, int, float, float]]:
+        """(status, completion tokens, latency, ttft) of this client's requests, one after another."""
+        out = []
+        with httpx.Client(base_url=url, timeout=600.0) as c:
+            for r in range(rounds):
+                body = (streamed if stream else plain)[k * rounds + r]
+                start = time.perf_counter()
+                if not stream:
+                    resp = c.post("/v1/chat/completions", json=body)
+                    took = time.perf_counter() - start
+                    tokens = resp.json()["usage"]["completion_tokens"] if resp.status_code == 200 else 0
+                    out.append((resp.status_code, tokens, took, took))
+                    continue
+                ttft = None
+                with c.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    for line in resp.iter_lines():
+                        if ttft is None and line.startswith("data: {"):
+                            choices = json.loads(line[6:]).get("choices") or [{}]
+                            if choices[0].get("delta", {}).get("content"):
+                                ttft = time.perf_counter() - start
+                out.append((resp.status_code, 0, time.perf_counter() - start, ttft or 0.0))
+        return out
+
+    def wave(stream: bool) -> tuple[float, list[tuple[int, int, float, float]]]:
+        start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
-            results = list(pool.map(fn, reqs))
-    return time.perf_counter() - start, sum(_tokens(r) for r in results)
+            rows = [row for rs in pool.map(lambda k: client(k, stream), range(concurrency)) for row in rs]
+        return time.perf_counter() - start, rows
+
+    before = _batches(url)
+    wall, rows = wave(False)
+    after = _batches(url)
+    ok = [r for r in rows if r[0] == 200]
+    _, srows = wave(True)
+    sok = [r for r in srows if r[0] == 200]
+    return {
+        "tok_s": sum(r[1] for r in ok) / wall,
+        "latency": statistics.median(r[2] for r in ok) if ok else float("nan"),
+        "ttft": statistics.median(r[3] for r in sok) if sok else float("nan"),
+        "answered": float(len(ok)),
+        "refused": float(sum(1 for r in rows if r[0] == 429)),
+        "batch": (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else 1.0,
+    }
+
+
+def _batches(url: str) -> tuple[float, float]:
+    """(requests, batches) of chat model batches so far, from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=60.0).text
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for part in found:
+            if line.startswith(f'mmchaos_server_batch_size_{part}{{kind="chat"}}'):
+                found[part] = float(line.split()[-1])
+    return found["sum"], found["count"]
+
+
+def _warm(url: str, images: list[Any], max_new_tokens: int) -> None:
+    import httpx
+
+    bodies = [_body(img, max_new_tokens, False) for img in images[:4]]
+    with httpx.Client(base_url=url, timeout=600.0) as c:
+        c.post("/v1/chat/completions", json=bodies[0])
+        with ThreadPoolExecutor(4) as pool:  # batch shapes warmed too
+            list(pool.map(lambda b: c.post("/v1/chat/completions", json=b), bodies))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target")
-    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--target", default="builtin:tiny-vlm")
+    ap.add_argument("--requests", type=int, default=48, help="requests per concurrency level (the floor runs them too)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--serve-args", default="", help="extra flags for the batching server (e.g. '--batch-window 0.02')")
+    ap.add_argument("--no-unbatched", action="store_true", help="leave out the --no-batching server")
     args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
 
-    from mmchaos.server import ServerConfig, ServerThread
     from mmchaos.targets import load_target
-    from mmchaos.targets.generation import GenerationParams
+    from mmchaos.targets.generation import Message
 
-    params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
-    with tempfile.TemporaryDirectory() as workdir:
-        target = _target(args.target, workdir)
-        reqs = _requests(args.requests)
-        target.generate(*reqs[0], params)  # warm-up
-        rows: list[tuple[str, float, int]] = []
-        wall, toks = _run(lambda r: target.generate(r[0], r[1], params), reqs, 1)
-        rows.append(("plain generate (baseline)", wall, toks))
-        with ServerThread(target, ServerConfig.build(max_concurrency=args.concurrency)) as server:
-            client = load_target(f"openai:{server.url}/v1")
-            client.generate(*reqs[0], params)  # warm-up
-            for c in (1, args.concurrency):
-                wall, toks = _run(lambda r: client.generate(r[0], r[1], params), reqs, c)
-                rows.append((f"mmchaos serve, concurrency {c}", wall, toks))
-            client.close()
-        target.close()
-    base_rps = len(reqs) / rows[0][1]
-    print(f"{len(reqs)} requests, max_new_tokens={args.max_new_tokens}, target {target.uri}")
-    print(f"{'':32} {'req/s':>8} {'words/s':>8} {'vs baseline':>12}")
-    for name, wall, toks in rows:
-        rps = len(reqs) / wall
-        print(f"{name:32} {rps:8.2f} {toks / wall:8.1f} {rps / base_rps:11.2f}x")
+    images = _images(args.requests)
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    servers: list[tuple[str, tuple[str, ...]]] = [("serve, batching", tuple(args.serve_args.split()))]
+    if not args.no_unbatched:
+        servers.append(("serve, --no-batching", ("--no-batching",)))
+    target = load_target(args.target)
+    target.generate_batch([[Message("user", (images[0], QUESTION))]] * 2)  # warm-up
+    with contextlib.ExitStack() as stack:
+        # Every server up at once, and each level measured on all of them in turn (the floor
+        # first): a machine whose load drifts over the run shifts every row of a level alike.
+        urls = {name: stack.enter_context(mmchaos_serve(args.target, *flags))[1] for name, flags in servers}
+        for url in urls.values():
+            _warm(url, images, args.max_new_tokens)
+        for c in levels:
+            results[("floor: batched generate", c)] = _floor(target, images, c, args.max_new_tokens)
+            for name, url in urls.items():
+                results[(name, c)] = _served(url, images, c, args.requests // c, args.max_new_tokens)
+    target.close()
+
+    print(f"{args.target}, max_new_tokens={args.max_new_tokens}, {args.requests} requests per level, greedy")
+    print(f"{'':26} {'conc':>4} {'tok/s':>7} {'x floor':>7} {'latency':>8} {'TTFT':>7} {'x floor':>7} "
+          f"{'200':>4} {'429':>4} {'batch':>5}")  # fmt: skip
+    for (name, c), r in results.items():
+        floor = results[("floor: batched generate", c)]
+        print(f"{name:26} {c:4d} {r['tok_s']:7.1f} {r['tok_s'] / floor['tok_s']:6.2f}x {r['latency'] * 1e3:6.0f}ms "
+              f"{r['ttft'] * 1e3:5.0f}ms {r['ttft'] / floor['ttft']:6.2f}x {int(r['answered']):4d} "
+              f"{int(r['refused']):4d} {r['batch']:5.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Capability, Fingerprint, Target
+from mmchaos.targets.wrappers import DelegatingTarget
 from tests.fakes.targets import HashEmbedTarget
+
+R = TypeVar("R")
 
 
 class ControlledTarget(HashEmbedTarget):
@@ -97,3 +101,41 @@ class WordTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return " ".join(self.vocab[i] for i in ids if not (skip_special_tokens and i in self.special))
+
+
+class GatedTarget(DelegatingTarget):
+    """A real target behind a gate: each model call (alone or batched) is counted with its batch
+    size; while ``blocked``, a call waits for a pass (:meth:`let_through`). Tests hold a call in
+    the model to line up the requests that must batch behind it, deterministically, whatever the
+    machine's speed. ``delay`` seconds are slept in every call."""
+
+    def __init__(self, inner: Target) -> None:
+        super().__init__(inner)
+        self.blocked = False
+        self.passes = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        self.delay = 0.0
+        self.batch_sizes: list[int] = []
+
+    def hold(self) -> None:
+        """From now on every call waits for a pass (the count of entered calls starts again)."""
+        self.passes = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        self.blocked = True
+
+    def let_through(self, n: int = 1) -> None:
+        self.passes.release(n)
+
+    def open(self) -> None:
+        self.blocked = False
+        self.passes.release(1000)
+
+    def call(self, fn: Callable[..., R], *args: Any) -> R:
+        batch = args[0] if fn.__name__ in ("generate_batch", "embed_texts", "embed_images") else [args[0]]
+        self.batch_sizes.append(len(batch))
+        self.entered.release()
+        if self.blocked and not self.passes.acquire(timeout=30.0):
+            raise RuntimeError("the test never let the call through")
+        if self.delay:
+            time.sleep(self.delay)
+        return fn(*args)

@@ -36,8 +36,32 @@ def _serve(
         Path | None, typer.Option("--contract", help="Preflight input contract (YAML)", show_default=False)
     ] = None,
     max_concurrency: Annotated[
-        int, typer.Option("--max-concurrency", help="requests decoded and run at once", min=1)
-    ] = 4,
+        int | None,
+        typer.Option(
+            "--max-concurrency",
+            help="requests admitted at once: decoded in parallel and, batching on, run as model batches "
+            "(default 16; 4 with --no-batching)",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    no_batching: Annotated[
+        bool,
+        typer.Option("--no-batching", help="run every request as its own model call (never batch across clients)"),
+    ] = False,
+    max_batch_size: Annotated[
+        int, typer.Option("--max-batch-size", help="most requests in one model batch", min=1)
+    ] = 16,
+    batch_window: Annotated[
+        float,
+        typer.Option(
+            "--batch-window",
+            help="seconds a batch waits for more requests once the model is free (at most a tenth of a "
+            "batch's time when none is on its way)",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 0.005,
     max_queue: Annotated[int, typer.Option("--max-queue", help="requests allowed to wait (429 beyond)", min=0)] = 64,
     max_queue_wait: Annotated[
         float,
@@ -94,7 +118,10 @@ def _serve(
 
     limit_blas_threads(1)  # the server's own numpy math (scores, drift): one BLAS thread (see the function)
     settings: dict[str, Any] = {
-        "max_concurrency": max_concurrency,
+        "max_concurrency": max_concurrency or (4 if no_batching else 16),
+        "batching": not no_batching,
+        "max_batch_size": max_batch_size,
+        "batch_window": batch_window,
         "max_queue": max_queue,
         "max_queue_wait": max_queue_wait or None,
         "request_timeout": timeout,

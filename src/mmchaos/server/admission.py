@@ -11,9 +11,19 @@ measured interval between completions while the server is saturated -- exceeds `
 what is left of its deadline; or when the pixels already waiting plus its own are more than one
 budget: the pixel budget, not the slots, is then what limits the service, and an interval measured
 on light traffic (or none, on a cold server) says nothing of how long a round of large images takes.
-What waits then starts within one round of what runs. A request that still reaches its deadline
-in the queue, never admitted, is shed too (429 ``overloaded``): it never ran, so it did not time
-out; a 504 is left to work that ran past the deadline.
+What waits then starts within one round of what runs.
+
+Batching (``batch`` > 1: the admitted requests run together as model batches of up to ``batch``)
+changes the shape of the service, not only its rate: completions come in bunches, one batch's
+worth at a time, and a waiter is admitted when a whole batch ends. The interval is then measured
+as completions over busy time (a bunch of near-zero intervals and one long one average to the
+batch's time over its size, where a plain EWMA of the last few would read almost zero), and the
+expected wait counts whole rounds: a waiter at place ``p`` waits ``ceil(p / batch)`` batches, so a
+burst the batches can absorb is admitted instead of being priced one batch per place.
+
+A request that still reaches its deadline in the queue, never admitted, is shed too (429
+``overloaded``): it never ran, so it did not time out; a 504 is left to work that ran past the
+deadline.
 
 Queueing everything up to ``queue`` instead lets a burst push every
 admitted request past its latency objective (all of them late, goodput collapses); shedding keeps
@@ -36,7 +46,8 @@ __all__ = ["Admission"]
 
 class Admission:
     """``limit`` slots and ``pixel_budget`` decoded pixels; 429 ``queue_full`` beyond ``queue`` waiters,
-    429 ``overloaded`` when the expected queue wait is past ``max_wait`` seconds (None: never)."""
+    429 ``overloaded`` when the expected queue wait is past ``max_wait`` seconds (None: never);
+    ``batch`` requests complete together in one round (1: one at a time)."""
 
     def __init__(
         self,
@@ -45,8 +56,10 @@ class Admission:
         pixel_budget: int | None = None,
         max_wait: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        batch: int = 1,
     ) -> None:
         self.limit = limit
+        self.batch = max(1, batch)
         self.queue = queue
         self.pixel_budget = pixel_budget
         self.max_wait = max_wait
@@ -56,21 +69,29 @@ class Admission:
         #: Pixels the waiting requests declare (the queue's share of the budget, still undecoded).
         self.queued_pixels = 0
         self.waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
-        #: EWMA of the seconds between two completions while the server was saturated (a slot
-        #: freed with every slot taken or someone waiting): the service's real throughput, whatever
-        #: the slots, the model lock or a busy machine make of it. None until measured.
+        #: Seconds per completion while the server was saturated (a slot freed with every slot
+        #: taken or someone waiting): busy time over completions, both decayed per completion (a
+        #: memory of about five rounds): the service's real throughput, whatever the slots, the
+        #: batches, the model lock or a busy machine make of it. None until measured.
         self.interval: float | None = None
+        self._busy_seconds = 0.0
+        self._busy_completions = 0.0
         self._last_busy_release: float | None = None
         #: EWMA of what an admitted waiter really waited per place it had in the queue: the quantity
         #: the estimate predicts, measured. It also holds what the interval cannot see: a busy event
         #: loop that observes several completions at once, or resumes an admitted waiter late.
         self.wait_per_place: float | None = None
 
+    def _places(self, place: int) -> int:
+        """The completions a waiter at ``place`` waits for: whole rounds of ``batch``."""
+        return math.ceil(place / self.batch) * self.batch
+
     def expected_wait(self, fallback_interval: float = 0.0) -> float:
         """Seconds a request arriving now would wait for a slot: one completion per request ahead
-        of it, plus the one that frees its own slot (``fallback_interval`` until one is measured)."""
+        of it, plus the one that frees its own slot, in whole rounds of ``batch``
+        (``fallback_interval`` per completion until one is measured)."""
         per = max(self.interval if self.interval is not None else fallback_interval, self.wait_per_place or 0.0)
-        return (len(self.waiters) + 1) * per
+        return self._places(len(self.waiters) + 1) * per
 
     def _fits(self, pixels: int) -> bool:
         if self.active >= self.limit:
@@ -126,7 +147,7 @@ class Admission:
         self.queued_pixels += pixels
         try:
             await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
-            sample = (self.clock() - queued_at) / places
+            sample = (self.clock() - queued_at) / self._places(places)
             self.wait_per_place = sample if self.wait_per_place is None else 0.8 * self.wait_per_place + 0.2 * sample
         except BaseException as exc:
             if fut.done() and not fut.cancelled():
@@ -152,12 +173,14 @@ class Admission:
         saturated = self.active >= self.limit or bool(self.waiters)
         now = self.clock()
         if saturated and self._last_busy_release is not None:
-            sample = now - self._last_busy_release
-            self.interval = sample if self.interval is None else 0.8 * self.interval + 0.2 * sample
+            decay = 1.0 - 0.2 / self.batch  # 0.8 unbatched: an EWMA of the last ~5 intervals
+            self._busy_seconds = decay * self._busy_seconds + (now - self._last_busy_release)
+            self._busy_completions = decay * self._busy_completions + 1.0
+            self.interval = self._busy_seconds / self._busy_completions
             if self.wait_per_place is not None:
                 # decays toward the interval: while everything that would queue is shed, no waiter
                 # is admitted to correct a high value, and it must not lock the queue shut
-                self.wait_per_place = 0.8 * self.wait_per_place + 0.2 * sample
+                self.wait_per_place = decay * self.wait_per_place + (1.0 - decay) * self.interval
         self._last_busy_release = now if saturated else None
         self.active -= 1
         self.pixels -= pixels

@@ -44,9 +44,22 @@ class ServerConfig(BaseModel):
     #: the baseline of the guard-overhead benchmark, never a production setting.
     guards: bool = True
     contract: InputContract = DEFAULT_CONTRACT
-    #: Requests decoded and run at once; the model itself runs one call at a time (targets are not
-    #: assumed thread-safe).
+    #: Requests admitted at once: decoded in parallel (a worker thread each) and, with batching,
+    #: run together as model batches of up to ``max_batch_size``; the model itself runs one call at
+    #: a time (targets are not assumed thread-safe). ``mmchaos serve`` admits 16 (4 without batching).
     max_concurrency: int = Field(default=4, ge=1, le=1024)
+    #: Dynamic batching across requests (:mod:`mmchaos.server.batcher`): the embeddings of requests
+    #: admitted together are one model call per modality, and generations with the same sampling
+    #: parameters one batched ``generate`` (for a target that batches: one whose ``generate_batch``
+    #: pads and runs one forward pass per step). Streamed and seeded-sampled requests run alone.
+    #: False: every request is its own model call (a deployment that must not batch).
+    batching: bool = True
+    #: Most requests in one model batch.
+    max_batch_size: int = Field(default=16, ge=1, le=1024)
+    #: Seconds a batch waits for more requests once the model is free: for requests already
+    #: admitted and decoding, and (at most a tenth of the measured batch call, and only when the
+    #: last batch had more than one request) for new ones.
+    batch_window: float = Field(default=0.005, ge=0.0, le=1.0)
     #: Requests allowed to wait for a slot; one more is answered 429 with Retry-After.
     max_queue: int = Field(default=64, ge=0, le=100_000)
     #: Load shedding: a request that would wait longer than this many seconds for a slot (its

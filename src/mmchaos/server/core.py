@@ -2,9 +2,10 @@
 
 A request's work goes: the model name and the images' declared pixels, checked here before
 anything is decoded (404, 413) -> admission and a worker thread (:mod:`.work`: 429, 504, 499) ->
-Preflight on every input, then the model lock and the CircuitBreaker (:mod:`.model`: 400/413/415/
-422, 503 when open) -> DriftMonitor on the embeddings. The endpoints (:mod:`.endpoints`) say what
-each request's work is; this class holds what they share.
+Preflight on every input, then (batching on) the batcher, which runs the model inputs of requests
+admitted together as one call (:mod:`.batcher`) -> the model lock and the CircuitBreaker
+(:mod:`.model`: 400/413/415/422, 503 when open) -> DriftMonitor on the embeddings. The endpoints
+(:mod:`.endpoints`) say what each request's work is; this class holds what they share.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mmchaos.guard.drift import DriftMonitor
 from mmchaos.guard.preflight import Preflight, PreflightError
 from mmchaos.guard.slo import BurnRateSLO
 from mmchaos.server.admission import Admission
+from mmchaos.server.batcher import Batcher
 from mmchaos.server.config import ServerConfig
 from mmchaos.server.errors import RequestCancelled, ServerError
 from mmchaos.server.inputs import Item
@@ -38,7 +40,7 @@ from mmchaos.server.work import WorkPool
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.wrappers import unwrap
 
-__all__ = ["GuardedServer", "load_mismatch", "served_model_name"]
+__all__ = ["GuardedServer", "batches_generation", "load_mismatch", "served_model_name"]
 
 
 def _digest(key: str) -> bytes:
@@ -54,6 +56,13 @@ def served_model_name(target: Target, config: ServerConfig) -> str:
         return config.model_name
     rest = target.uri.partition(":")[2] or target.uri or "model"
     return rest.rstrip("/").replace("\\", "/").split("/")[-1].split(":")[-1] or "model"
+
+
+def batches_generation(target: Target) -> bool:
+    """Whether ``target``'s ``generate_batch`` is its own (one padded batch), not the base class's
+    loop of single calls: batching requests through the loop would only make them wait in turn."""
+    inner = type(unwrap(target))
+    return getattr(inner, "generate_batch", Target.generate_batch) is not Target.generate_batch
 
 
 def load_mismatch(target: Target, expected: Mapping[str, str] | None) -> str | None:
@@ -107,7 +116,21 @@ class GuardedServer:
             cfg.drift, name="server", registry=self.registry, on_alarm=self._on_drift, tracer=guard_tracer
         )
         self.slo = BurnRateSLO(name="server", objective=cfg.slo_objective, registry=self.registry)
-        self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels, cfg.max_queue_wait)
+        #: The batcher when batching is on (None: every request is its own model call).
+        self.batcher: Batcher | None = None
+        if cfg.batching:
+            self.batcher = Batcher(cfg.max_batch_size, cfg.batch_window, observe=self._observe_batch)
+        #: Whether chat generations are batched too (the target batches for real).
+        self.batch_generation = (
+            self.batcher is not None and target.has(Capability.GENERATE) and batches_generation(target)
+        )
+        batched = self.batcher is not None and (
+            self.batch_generation or target.has(Capability.EMBED_TEXT) or target.has(Capability.EMBED_IMAGE)
+        )
+        self.admission = Admission(
+            cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels, cfg.max_queue_wait,
+            batch=min(cfg.max_concurrency, cfg.max_batch_size) if batched else 1,
+        )  # fmt: skip
         self.model = ModelAccess(
             target, self.model_name, self.preflight, self.breaker, self.metrics, guards=self.guards
         )
@@ -158,6 +181,8 @@ class GuardedServer:
             self._load_mismatches.inc()
             log.error("not serving %s: %s", self.target.uri, self.load_mismatch)
         self.work.start()
+        if self.batcher is not None:
+            self.batcher.start()
         self.model.hook_preprocess()
         self.draining = False
         self.running = True
@@ -167,7 +192,9 @@ class GuardedServer:
         """Stop the workers: with ``wait``, after the calls still running finish."""
         self.running = False
         self.metrics.ready.set(0.0)
-        self.work.stop(wait)
+        self.work.stop(wait)  # first: workers waiting on a batch need the batcher until they end
+        if self.batcher is not None:
+            self.batcher.stop(wait)
         self.model.unhook_preprocess()
         if self._own_provider and self.tracer_provider is not None:
             self.tracer_provider.shutdown()  # flushes the spans still batched
@@ -175,6 +202,10 @@ class GuardedServer:
     async def drain(self, timeout: float) -> bool:
         """Wait (up to ``timeout``) for model calls that outlived their requests; True if none is left."""
         return await self.work.drain(timeout)
+
+    def _observe_batch(self, key: Any, size: int) -> None:
+        kind = key[0] if isinstance(key, tuple) and key else str(key)
+        self.metrics.batch_size.labels(str(kind)).observe(size)
 
     def _refusal(self) -> ServerError | None:
         """The load gate: every request is refused while the model failed its load check."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["REQUEST_BUCKETS", "STAGE_BUCKETS", "TOKEN_BUCKETS", "GenerationMetrics", "ServerMetrics"]
+__all__ = ["BATCH_BUCKETS", "REQUEST_BUCKETS", "STAGE_BUCKETS", "TOKEN_BUCKETS", "GenerationMetrics", "ServerMetrics"]
 
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -32,10 +32,16 @@ class ServerMetrics:
             "mmchaos_server_errors", "Error answers, by stable code.", ("code", "status"), registry=registry
         )
         self.inflight = Gauge("mmchaos_server_inflight", "Requests holding a slot.", registry=registry)
+        self.batch_size = Histogram(
+            "mmchaos_server_batch_size", "Requests per model batch (batching on), by kind (embed, chat).",
+            ("kind",), buckets=BATCH_BUCKETS, registry=registry,
+        )  # fmt: skip
         self.queued = Gauge("mmchaos_server_queued", "Requests waiting for a slot.", registry=registry)
         self.ready = Gauge("mmchaos_server_ready", "1 when /readyz answers 200.", registry=registry)
 
 
+#: Requests per model batch.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 #: vLLM's buckets for time to first token and per-token latency (seconds).
 TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)

@@ -1,9 +1,10 @@
 """The target as the request path uses it: inputs checked and decoded, one model call at a time
 through the circuit breaker, the stage timings, and the target's tokenizer.
 
-Everything here runs in a worker thread. The model runs one call at a time: targets are not
-assumed thread-safe, and one request's inputs are one batch, so answers never depend on what else
-is in flight (no cross-request batching).
+Everything here runs in a worker thread or the batcher's thread. The model runs one call at a
+time: targets are not assumed thread-safe. With batching on, one call may carry the inputs of
+several requests (:mod:`.batcher`); off, one request's inputs are one batch, so answers never
+depend on what else is in flight.
 """
 
 from __future__ import annotations
@@ -132,8 +133,13 @@ class ModelAccess:
         batch: Sequence[Any],
         check: Callable[[Any, int], T],
         cancel: threading.Event,
+        *,
+        tentative: bool = False,
     ) -> T:
-        """``check(fn(batch), len(batch))`` under the model lock and the breaker, its stages timed."""
+        """``check(fn(batch), len(batch))`` under the model lock and the breaker, its stages timed.
+
+        ``tentative``: a failure is not counted by the breaker (a batch of several requests that
+        is run again one request at a time: those calls count)."""
         with self.lock:
             if cancel.is_set():  # nobody waits for this answer any more: leave the model to others
                 raise RequestCancelled()
@@ -145,7 +151,10 @@ class ModelAccess:
                 out = check(fn(batch), len(batch))
             except Exception as exc:
                 if permit is not None:
-                    permit.failure(exc)
+                    if tentative:
+                        permit.release()
+                    else:
+                        permit.failure(exc)
                 raise
             except BaseException:
                 if permit is not None:

@@ -184,7 +184,8 @@ class WorkPool:
             # Until the admission measured the service saturated, the interval between completions
             # is estimated as the longer of a job's time over the slots (what it is when the slots
             # are the limit) and one model call (the model lock serialises the calls).
-            fallback = max(self.call_seconds(), self._ewma_seconds / self.config.max_concurrency)
+            # With batching, one model call serves a round of ``admission.batch`` requests.
+            fallback = max(self.call_seconds() / self.admission.batch, self._ewma_seconds / self.config.max_concurrency)
             await unless_gone(
                 self.admission.enter(deadline, self.retry_after, pixels, fallback),
                 watcher,

@@ -380,7 +380,7 @@ def test_graceful_shutdown_finishes_every_request_in_flight(target: ControlledTa
     assert [r.json()["data"][0]["embedding"] for r in responses] == [
         HashEmbedTarget().embed_texts([f"text {i}"])[0].tolist() for i in range(n)
     ]
-    assert target.calls == n
+    assert 1 <= target.calls <= n  # batching: requests admitted together may share a call
     assert_closed(port)
 
 

@@ -3,7 +3,8 @@
 shedding off the same burst queues and the late ones wait for everything ahead of them.
 
 A real server on loopback over a slow engine (a fixed sleep per model call, under the server's model
-lock, so the service runs one call at a time like a real model). The latency bounds are loose on
+lock, so the service runs one call at a time like a real model; batching off, so that one call is
+one request). The latency bounds are loose on
 purpose: the broken twin's bound is a physical lower bound (30 calls of 0.1 s run one after another),
 the shedding one doubles the configured wait plus one call (0.6 s measured here).
 """
@@ -55,7 +56,7 @@ def _burst(config: ServerConfig) -> list[tuple[int, float, str | None]]:
 
 
 def test_burst_past_capacity_is_shed_and_admitted_requests_stay_on_time() -> None:
-    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=0.5)
+    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=0.5, batching=False)
     results = _burst(config)
     statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 429}, statuses
@@ -67,7 +68,7 @@ def test_burst_past_capacity_is_shed_and_admitted_requests_stay_on_time() -> Non
 
 
 def test_broken_twin_without_shedding_queues_the_whole_burst_past_the_deadline() -> None:
-    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=None)
+    config = ServerConfig(max_concurrency=2, max_queue=64, request_timeout=30.0, max_queue_wait=None, batching=False)
     results = _burst(config)
     assert [s for s, _, _ in results] == [200] * BURST
     assert max(t for _, t, _ in results) > 2.0  # the last one waited for ~29 calls of 0.1 s

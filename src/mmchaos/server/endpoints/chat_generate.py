@@ -1,13 +1,16 @@
 """Chat completions of a generative target, not streamed: OpenAI's request in, OpenAI's answer out.
 
 The request's images go through the same guards as every other input (declared pixels before
-admission, Preflight in the worker), the model call through the model lock and the breaker.
+admission, Preflight in the worker), the model call through the model lock and the breaker; with
+batching on, requests with the same sampling parameters share one batched ``generate`` (left
+padded, as the target pads) when the target batches (:func:`batch_key` says which may).
 What a streamed answer shares with this one (the request's sampling fields, its turns, the usage
 counts) is here too; :mod:`.chat_stream` streams.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -32,7 +35,9 @@ from mmchaos.targets.generation import GenerationParams, GenerationResult, Messa
 
 __all__ = [
     "GenerativeRequest",
+    "batch_key",
     "chat_messages",
+    "generate_answers",
     "generate_chat",
     "generate_job",
     "generation_metrics",
@@ -134,21 +139,65 @@ def _check_generation(out: Any, n: int) -> GenerationResult:
     return out
 
 
+_Answer = tuple[GenerationResult, list[list[str]] | None]
+
+
+def batch_key(server: GuardedServer, params: GenerationParams) -> GenerationParams | None:
+    """What requests must share to be one batched ``generate``: their sampling parameters (less the
+    seed of a greedy request, which draws nothing, and the end-user id); None: run alone.
+
+    Seeded sampling runs alone: a seed promises the same answer as the request alone, and a batch
+    draws every row's tokens from one generator."""
+    if not server.batch_generation or (params.seed is not None and not params.greedy):
+        return None
+    return dataclasses.replace(params, seed=None if params.greedy else params.seed, user=None)
+
+
+def generate_answers(
+    server: GuardedServer,
+    params: GenerationParams,
+    requests: Sequence[tuple[list[Message], GenerationParams, bool]],
+    cancel: threading.Event,
+) -> list[_Answer]:
+    """The answers of several requests (their messages, own params and ``token_ids`` flag) in one
+    model call: ``generate`` alone for one, ``generate_batch`` with ``params`` for several, and with
+    logprobs each completion's tokens as text (decoded under the model lock)."""
+
+    def call(batch: Sequence[tuple[list[Message], GenerationParams, bool]]) -> list[_Answer]:
+        if len(batch) == 1:
+            messages, own, _ = batch[0]
+            results = [server.target.generate(messages, (), own)]
+        else:
+            results = list(server.target.generate_batch([m for m, _, _ in batch], params))
+            if len(results) != len(batch):
+                raise BadModelOutput(
+                    f"the model returned {len(results)} answers for a batch of {len(batch)}", code="bad_model_output"
+                )
+        answers: list[_Answer] = []
+        for (_, own, token_ids), result in zip(batch, results, strict=True):
+            result = _check_generation(result, own.n)
+            texts = None
+            if own.logprobs:
+                texts = [server.model.token_texts(c.token_ids or (), token_ids) for c in result.completions[: own.n]]
+            answers.append((result, texts))
+        return answers
+
+    answers: list[_Answer] = server.model.call("chat", call, requests, as_is, cancel, tentative=len(requests) > 1)
+    return answers
+
+
 def generate_job(
     server: GuardedServer, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
-) -> tuple[GenerationResult, list[list[str]] | None]:
+) -> _Answer:
     """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
-    model lock, as ``token_id:N`` with ``token_ids``)."""
-    messages = chat_messages(server, turns, cancel)
-
-    def call(m: list[Message]) -> tuple[GenerationResult, list[list[str]] | None]:
-        result = _check_generation(server.target.generate(m, (), params), params.n)
-        if not params.logprobs:
-            return result, None
-        texts = [server.model.token_texts(c.token_ids or (), token_ids) for c in result.completions[: params.n]]
-        return result, texts
-
-    answer: tuple[GenerationResult, list[list[str]] | None] = server.model.call("chat", call, messages, as_is, cancel)
+    model lock, as ``token_id:N`` with ``token_ids``); batched with other requests' when it may be."""
+    shared = batch_key(server, params)
+    if shared is None or server.batcher is None:
+        request = (chat_messages(server, turns, cancel), params, token_ids)
+        return generate_answers(server, params, [request], cancel)[0]
+    with server.batcher.joining() as submit:
+        request = (chat_messages(server, turns, cancel), params, token_ids)
+        answer: _Answer = submit(("chat", shared), request, partial(generate_answers, server, shared), cancel)
     return answer
 
 

@@ -1,7 +1,9 @@
 """``POST /v1/embeddings``: OpenAI's embeddings of texts and images, one vector per input.
 
-A request's items are one model batch per modality; the vectors are checked (shape, finite)
-before any is sent, and fed to the drift monitor.
+A request's items are one model batch per modality; with batching on, so are the items of every
+request in the same batch (:mod:`mmchaos.server.batcher`): one ``embed_texts`` and one
+``embed_images`` call for all of them. The vectors are checked (shape, finite) before any is sent,
+and fed to the drift monitor.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mmchaos.server.protocol import EmbeddingRequest, EmbeddingResponse
 from mmchaos.server.respond import disconnected, guarded, json_response, server_of
 from mmchaos.targets.base import Capability
 
-__all__ = ["embed_job", "router"]
+__all__ = ["embed_batch", "embed_job", "router"]
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -65,28 +67,52 @@ def _check_embeddings(out: Any, n: int) -> FloatArray:
     return arr
 
 
-def embed_job(server: GuardedServer, items: Sequence[Item], cancel: threading.Event) -> FloatArray:
-    """The worker's part: decode every input, one model call per modality, the vectors in input order."""
-    values = server.model.decode(items, cancel)
-    by_modality: dict[str, list[int]] = {}
-    for i, item in enumerate(items):
-        by_modality.setdefault(item.modality, []).append(i)
-    out: FloatArray | None = None
-    for modality, index in by_modality.items():
-        batch = [values[i] for i in index]
+#: One request's decoded inputs: each item's modality and value, in input order.
+_Inputs = tuple[tuple[str, ...], list[Any]]
+
+
+def embed_batch(server: GuardedServer, requests: Sequence[_Inputs], cancel: threading.Event) -> list[FloatArray]:
+    """The vectors of several requests' inputs: one model call per modality for all of them, the
+    rows handed back to each request in its input order."""
+    by_modality: dict[str, list[tuple[int, int]]] = {}  # modality -> (request, item) in call order
+    for r, (modalities, _) in enumerate(requests):
+        for i, modality in enumerate(modalities):
+            by_modality.setdefault(modality, []).append((r, i))
+    outs: list[FloatArray | None] = [None] * len(requests)
+    for modality, where in by_modality.items():
+        batch = [requests[r][1][i] for r, i in where]
         fn = server.target.embed_texts if modality == "text" else server.target.embed_images
-        vectors = server.model.call(modality, fn, batch, _check_embeddings, cancel)
-        if out is None:
-            out = np.empty((len(items), vectors.shape[1]), dtype=np.float32)
-        elif vectors.shape[1] != out.shape[1]:
-            raise BadModelOutput(
-                f"text and image embeddings differ in size ({out.shape[1]} vs {vectors.shape[1]})",
-                code="bad_model_output",
-            )
-        out[index] = vectors
-        if server.guards:
-            server.drift.update(modality, vectors)
-    assert out is not None  # items is never empty here
+        tentative = len(requests) > 1  # a failing batch of several is run again one request at a time
+        vectors = server.model.call(modality, fn, batch, _check_embeddings, cancel, tentative=tentative)
+        for row, (r, i) in enumerate(where):
+            out = outs[r]
+            if out is None:
+                out = outs[r] = np.empty((len(requests[r][0]), vectors.shape[1]), dtype=np.float32)
+            elif vectors.shape[1] != out.shape[1]:
+                raise BadModelOutput(
+                    f"text and image embeddings differ in size ({out.shape[1]} vs {vectors.shape[1]})",
+                    code="bad_model_output",
+                )
+            out[i] = vectors[row]
+    done = [o for o in outs if o is not None]
+    assert len(done) == len(requests)  # no request has no items
+    return done
+
+
+def embed_job(server: GuardedServer, items: Sequence[Item], cancel: threading.Event) -> FloatArray:
+    """The worker's part: decode every input, then the model call (batched with other requests'
+    when batching is on), the vectors in input order, fed to the drift monitor."""
+    modalities = tuple(i.modality for i in items)
+    runner = partial(embed_batch, server)
+    if server.batcher is None:
+        out = runner([(modalities, server.model.decode(items, cancel))], cancel)[0]
+    else:
+        with server.batcher.joining() as submit:
+            values = server.model.decode(items, cancel)
+            out = submit(("embed",), (modalities, values), runner, cancel)
+    if server.guards:
+        for modality in dict.fromkeys(modalities):
+            server.drift.update(modality, out[[m == modality for m in modalities]])
     return out
 
 
