@@ -13,11 +13,14 @@ model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
@@ -178,6 +181,15 @@ class HFVisionLanguageTarget(Target):
     def _load_processor(self, trust_remote_code: bool) -> Any:
         return load_processor(self.path, trust_remote_code)
 
+    @functools.cached_property
+    def images_per_request(self) -> int | None:
+        """How many images one request may carry: 1 where the processor places the image itself,
+        once, before the prompt (the rendered chat holds no image placeholder: BLIP-2, InstructBLIP,
+        Kosmos-2, Florence-2), whose model drops or crashes on a second one; else no limit here."""
+        probe = render_chat(self.processor, [Message("user", (np.zeros((2, 2, 3), np.uint8), "x"))])
+        token = self.image_token
+        return None if token and token in probe else 1
+
     @property
     def image_token(self) -> str | None:
         """The processor's image placeholder text (BLIP-2's processor holds it as an ``AddedToken``)."""
@@ -224,6 +236,7 @@ class HFVisionLanguageTarget(Target):
     def _check_placeholders(self, texts: Sequence[str], pictures: Sequence[Sequence[ImageArray]]) -> None:
         """More image placeholders than images (a user who typed one) is the request's fault: refused
         here, before the processor, whose error for it would not say whose fault it is."""
+        self._check_image_count(pictures)
         token = self.image_token
         if not token:
             return
@@ -234,6 +247,24 @@ class HFVisionLanguageTarget(Target):
                     f"{where}the prompt has {text.count(token)} image placeholders ({token}) for {len(imgs)} images",
                     code="processor_refused",
                 )
+
+    def _check_image_count(self, pictures: Sequence[Sequence[ImageArray]]) -> None:
+        """More images than the model takes in one request is the request's fault, refused here:
+        the family's model would drop the extra image silently or crash on it."""
+        limit = self.images_per_request
+        for i, imgs in enumerate(pictures):
+            if limit is not None and len(imgs) > limit:
+                where = f"request {i} of {len(pictures)}: " if len(pictures) > 1 else ""
+                raise TargetCallError(
+                    f"{where}{self.architecture} takes one image per request (its processor places the image before "
+                    f"the prompt itself); {len(imgs)} were given",
+                    code="processor_refused",
+                )
+
+    def _output_start(self, prompt_len: int) -> int:
+        """Where the generated tokens start in what ``generate`` returns: after the prompt for a
+        decoder-only model, after the decoder's start token for an encoder-decoder (Florence-2)."""
+        return 1 if getattr(self.model.config, "is_encoder_decoder", False) else prompt_len
 
     def count_image_tokens(self, inputs: dict[str, Any]) -> int | None:
         """How many image placeholder tokens the processor put into ``inputs`` (None if unknown)."""
@@ -293,7 +324,7 @@ class HFVisionLanguageTarget(Target):
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0,
                           num_return_sequences=params.n)  # fmt: skip
         if params.stop:
-            kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, prompt_len, params.stop)]
+            kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, self._output_start(prompt_len), params.stop)]
         return kwargs
 
     def generate(
@@ -418,7 +449,7 @@ class HFVisionLanguageTarget(Target):
 
     def _completions(self, out: Any, prompt_len: int, params: GenerationParams) -> list[Completion]:
         torch = self.torch
-        new = out.sequences[:, prompt_len:].to("cpu")
+        new = out.sequences[:, self._output_start(prompt_len) :].to("cpu")
         steps = len(out.logits)
         logprobs = None
         tops: list[list[dict[int, float]]] | None = None
@@ -479,5 +510,6 @@ class HFVisionLanguageTarget(Target):
         cls = type(self.processor)
         processor = getattr(cls, "images_only_of", cls.__name__)
         out["model"] = {"architecture": self.architecture, "model_type": self.model_type, "processor": processor,
-                        "image_token_id": self.image_token_id}  # fmt: skip
+                        "image_token_id": self.image_token_id, "images_per_request": self.images_per_request,
+                        "chat_template": getattr(self.processor, "_mmchaos_template_source", "processor")}  # fmt: skip
         return out

@@ -101,6 +101,8 @@ def with_saved_template(processor: Any, path: Path) -> Any:
         if template is not None:
             with contextlib.suppress(AttributeError):
                 processor.chat_template = template
+                # recorded in the run (describe()): the prompt form is the directory's, not the processor's
+                processor._mmchaos_template_source = "directory (its processor class does not read it)"
     return processor
 
 

@@ -29,7 +29,7 @@ from mmchaos.checks import REGISTRY
 from mmchaos.data import load_dataset
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets import load_target
-from mmchaos.targets.generation import GenerationParams
+from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from mmchaos.targets.tiny_vlms import FAMILIES
 from tests.fakes import broken_models as bm
@@ -58,6 +58,10 @@ CONTRASTIVE: dict[str, Callable[[Path], Path]] = {
     "siglip2": lambda out: bm.build_siglip2(out),
     "altclip": lambda out: bm.build_altclip(out),
     "blip_retrieval": lambda out: bm.build_blip_retrieval(out),
+    "siglip": lambda out: bm.build_siglip(out),
+    "metaclip2": lambda out: bm.build_metaclip2(out),
+    "chinese_clip": lambda out: bm.build_chinese_clip(out),
+    "align": lambda out: bm.build_align(out),
 }
 SHAPES = load_dataset("builtin:shapes?n=8&seed=0")
 CONTRASTIVE_CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -212,3 +216,80 @@ def test_a_family_whose_image_processor_needs_torchvision_is_refused_in_one_line
         load_processor(tmp_path)
     assert err.value.code == "missing_dependency" and "needs torchvision" in str(err.value)
     assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize("family", ["blip2", "instructblip", "kosmos2", "florence2"])
+def test_a_family_whose_processor_places_the_image_itself_refuses_a_second_image(
+    family: str, tiny_vlm_dirs: Any
+) -> None:
+    """These processors put the image (query tokens, embedding slots) before the prompt once, with
+    no placeholder: a second image was dropped silently (BLIP-2: 4 image tokens for 1 or 2 images)
+    or crashed the model (InstructBLIP, Kosmos-2: ``generate_failed``, a 500 for the client's request)."""
+    from mmchaos.errors import TargetCallError
+
+    target = load_target(f"hf:{tiny_vlm_dirs(family)}")
+    try:
+        assert isinstance(target, HFVisionLanguageTarget)
+        assert target.describe()["model"]["images_per_request"] == 1
+        with pytest.raises(TargetCallError) as err:
+            target.generate("What is it?", [IMG, IMG], GenerationParams(max_new_tokens=1))
+        assert err.value.code == "processor_refused" and "one image" in err.value.message
+        with pytest.raises(TargetCallError) as err:
+            target.generate_batch([[Message("user", (IMG, "a"))], [Message("user", (IMG, IMG, "b"))]])
+        assert err.value.code == "processor_refused" and err.value.message.startswith("request 1 of 2")
+    finally:
+        target.close()
+
+
+def test_an_encoder_decoder_family_answers_what_plain_generate_answers(tiny_vlm_dirs: Any) -> None:
+    """Florence-2 is a BART encoder-decoder: ``generate`` returns the decoder's tokens (a start token
+    and the answer), not the prompt followed by the answer. Cutting the prompt's length off them
+    gave an empty answer every time."""
+    target = load_target(f"hf:{tiny_vlm_dirs('florence2')}")
+    try:
+        assert isinstance(target, HFVisionLanguageTarget)
+        inputs = target.build_inputs("What colour is it?", [IMG])
+        plain = target.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+        expected = target.tokenizer.decode(plain[0], skip_special_tokens=True)
+        result = target.generate("What colour is it?", [IMG], GenerationParams(max_new_tokens=6, logprobs=True))
+        assert expected and result.text == expected
+        assert len(result.token_ids or ()) == len(result.logprobs or ()) == plain.shape[1] - 1
+        streamed = target.generate_stream("What colour is it?", [IMG], GenerationParams(max_new_tokens=6))
+        assert "".join(streamed) == expected
+        stop = next(c for c in expected[1:] if not c.isspace())
+        cut = target.generate("What colour is it?", [IMG], GenerationParams(max_new_tokens=6, stop=(stop,)))
+        assert cut.text == expected[: expected.index(stop)] and cut.finish_reason == "stop"
+    finally:
+        target.close()
+
+
+def _expansion(target: Any) -> Finding:
+    findings = run_check_class(REGISTRY.get("image_token_consistency"), target, {"max_new_tokens": 1}, data=DATA)
+    return next(f for f in findings if f.evidence.get("part") == "expansion")
+
+
+@pytest.mark.check_contract("image_token_consistency", "clean")
+@pytest.mark.parametrize("family", ["blip2", "kosmos2"])
+def test_image_token_consistency_passes_a_one_image_family_that_refuses_two(family: str, tiny_vlm_dirs: Any) -> None:
+    target = load_target(f"hf:{tiny_vlm_dirs(family)}")
+    try:
+        finding = _expansion(target)
+        assert finding.verdict == Verdict.PASS, finding.title
+        assert finding.evidence["two_images"]["refused"] == "processor_refused"
+        # Kosmos-2 has no image token id: its count is the prompt's
+        assert finding.evidence["basis"] == ("image tokens" if family == "blip2" else "prompt tokens")
+    finally:
+        target.close()
+
+
+@pytest.mark.check_contract("image_token_consistency", "broken")
+def test_image_token_consistency_fails_a_one_image_target_that_answers_without_the_image(tiny_vlm_dirs: Any) -> None:
+    from tests.fakes.broken_vlms import OneImageBlindVLM
+
+    target = load_target(f"hf:{tiny_vlm_dirs('llava')}")
+    try:
+        finding = _expansion(OneImageBlindVLM(target))
+        assert finding.verdict == Verdict.FAIL, finding.title
+        assert finding.metrics["image_tokens_a"] == 0 and "two_images" in finding.evidence
+    finally:
+        target.close()
