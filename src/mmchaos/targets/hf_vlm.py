@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,7 +36,7 @@ from mmchaos.targets.generation import (
     cut_at_stop,
 )
 from mmchaos.targets.hub import directory_fingerprint, quiet_transformers, read_config
-from mmchaos.targets.vlm_processor import encode, load_processor, render_chat
+from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -116,6 +117,7 @@ class HFVisionLanguageTarget(Target):
         trust_remote_code: bool = False,
         use_safetensors: bool = True,
         device: str = "cpu",
+        prompt_form: Literal["chat_template", "plain"] = "chat_template",
     ) -> None:
         self.torch = require("torch")
         transformers = require("transformers")
@@ -156,12 +158,14 @@ class HFVisionLanguageTarget(Target):
         self.model = model.eval().to(device)
         self.processor = self._load_processor(trust_remote_code)
         self.tokenizer = self.processor.tokenizer
+        if prompt_form == "plain":
+            use_plain_prompts(self.processor)
         if not getattr(self.processor, "chat_template", None):
             raise TargetLoadError(
                 f"{self.architecture} at {self.path} has no chat template: neither its processor nor the directory "
-                "(chat_template.jinja/json) holds one. Families prompted with plain text (BLIP-2's "
-                "'Question: ... Answer:', Florence-2's task tokens) need one saved with the model: mmchaos renders "
-                "requests only through the model's own template, never a prompt form of its own",
+                "(chat_template.jinja/json) holds one. A family prompted with plain text (Kosmos-2, Florence-2's "
+                "task tokens) takes the target option prompt_form: plain (each request's text as the prompt, "
+                "recorded in the run), or a template saved with the model",
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
@@ -362,6 +366,8 @@ class HFVisionLanguageTarget(Target):
         texts = [self.render(c) for c in chats]
         pictures = [[img for m in c for img in m.images()] for c in chats]
         self._check_placeholders(texts, pictures)
+        if self.images_per_request == 1 and len({bool(p) for p in pictures}) > 1:
+            return self._batches_by_image(requests, params, [bool(p) for p in pictures])
         try:
             batch = encode(self.processor, texts, pictures, padding=True, padding_side=self.padding_side,
                            return_tensors="pt")  # fmt: skip
@@ -395,6 +401,27 @@ class HFVisionLanguageTarget(Target):
             extra: dict[str, object] = {"image_tokens": image_tokens, "batch_size": len(chats)}
             results.append(GenerationResult(tuple(mine), prompt_tokens=prompt_tokens, extra=extra))
         return results
+
+    def _batches_by_image(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams, has_image: Sequence[bool]
+    ) -> list[GenerationResult]:
+        """A batch mixing requests with and without an image, for a family whose processor places
+        the image itself (Kosmos-2's builds image slots for every row, and the model crashes): one
+        padded batch of those with an image, one of those without, answered in the request order."""
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for wanted in (True, False):
+            rows = [i for i, has in enumerate(has_image) if has == wanted]
+            try:
+                answered = self.generate_batch([requests[i] for i in rows], params)
+            except TargetCallError as exc:  # name the request by its place in the whole batch
+                where = re.match(r"request (\d+) of \d+: ", exc.message)
+                if where is None:
+                    raise
+                named = f"request {rows[int(where.group(1))]} of {len(requests)}: {exc.message[where.end() :]}"
+                raise TargetCallError(named, code=exc.code) from None
+            for i, result in zip(rows, answered, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
 
     def generate_stream(
         self,

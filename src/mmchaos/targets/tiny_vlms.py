@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos._lazy import require
+from mmchaos.targets.vlm_processor import PLAIN_TEMPLATE
 
 __all__ = ["FAMILIES", "build_tiny_vlm", "byte_tokenizer", "chat_template"]
 
@@ -495,9 +496,9 @@ def _janus(out: Path) -> None:
                      chat_template=template).save_pretrained(out)  # fmt: skip
 
 
-_PLAIN = chat_template({"system": "", "user": "", "assistant": ""}, "", " ", "")
-"""The plain-text prompt form as a chat template: the turns' text, no role tags, no image
-placeholder (the processors of the families below put the image in the prompt themselves)."""
+_PLAIN = PLAIN_TEMPLATE
+"""The families below are prompted with plain text: their hub repositories hold no chat template
+(or one their processor class does not read); saved here as the directory's template."""
 
 
 def _instructblip(out: Path) -> None:

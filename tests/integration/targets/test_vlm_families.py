@@ -293,3 +293,58 @@ def test_image_token_consistency_fails_a_one_image_target_that_answers_without_t
         assert finding.metrics["image_tokens_a"] == 0 and "two_images" in finding.evidence
     finally:
         target.close()
+
+
+@pytest.mark.parametrize("family", ["kosmos2", "florence2"])
+def test_a_family_without_a_chat_template_is_refused_with_the_true_reason_or_prompted_plain(
+    family: str, tiny_vlm_dirs: Any, tmp_path: Path
+) -> None:
+    """Kosmos-2 and Florence-2 repositories hold no chat template; their processor classes would not
+    read one anyway. Without one, the refusal says what is missing and what to do; with the target
+    option ``prompt_form: plain`` each request's text is the prompt, and the run records it."""
+    import shutil
+
+    from mmchaos.errors import TargetLoadError
+
+    path = Path(shutil.copytree(tiny_vlm_dirs(family), tmp_path / family))
+    (path / "chat_template.jinja").unlink()
+    with pytest.raises(TargetLoadError) as err:
+        load_target(f"hf:{path}")
+    message = str(err.value)
+    assert err.value.code == "chat_template_missing" and "prompt_form: plain" in message and "\n" not in message
+    plain = load_target(f"hf:{path}", {"prompt_form": "plain"})
+    saved = load_target(f"hf:{tiny_vlm_dirs(family)}")  # its directory holds the same prompt form as a file
+    try:
+        assert plain.describe()["model"]["chat_template"].startswith("plain text (prompt_form: plain)")
+        assert saved.describe()["model"]["chat_template"].startswith("directory (")
+        assert plain.load_options["prompt_form"] == "plain"  # the run stores it: a worker reloads the same
+        params = GenerationParams(max_new_tokens=4)
+        assert (
+            plain.generate("What colour is it?", [IMG], params).text
+            == saved.generate("What colour is it?", [IMG], params).text
+        )
+    finally:
+        plain.close()
+        saved.close()
+
+
+def test_prompt_form_is_refused_on_a_contrastive_model(tmp_path: Path) -> None:
+    from mmchaos.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_target(f"hf:{bt.build_tiny_clip(tmp_path / 'clip')}", {"prompt_form": "plain"})
+    assert err.value.code == "target_option_inapplicable"
+
+
+def test_checks_that_send_two_images_keep_to_a_one_image_family(tiny_vlm_dirs: Any) -> None:
+    """generation_batch_invariance's neighbours carry 0-2 images and multi_turn_consistency's chats two:
+    on Kosmos-2 (one image a request) the typed refusal ended both checks as harness errors."""
+    target = load_target(f"hf:{tiny_vlm_dirs('kosmos2')}")
+    try:
+        gbi = run_check_class(REGISTRY.get("generation_batch_invariance"), target, {"probes": 1, "runs": 1}, data=DATA)
+        turns = run_check_class(REGISTRY.get("multi_turn_consistency"), target, {"last_images": 2}, data=DATA)
+        _no_harness_errors(gbi + turns)
+        assert [f.verdict for f in turns] == [Verdict.SKIPPED] and "images_per_request" in turns[0].title
+        assert gbi[0].verdict == Verdict.PASS, gbi[0].title
+    finally:
+        target.close()
