@@ -35,7 +35,7 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
-from mmchaos.targets.hub import directory_fingerprint, quiet_transformers, read_config
+from mmchaos.targets.hub import directory_fingerprint, drop_length_notice, quiet_transformers, read_config
 from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
@@ -122,6 +122,7 @@ class HFVisionLanguageTarget(Target):
         self.torch = require("torch")
         transformers = require("transformers")
         transformers.logging.disable_progress_bar()
+        drop_length_notice()
         self.path = Path(path)
         self.uri = uri or f"hf:{path}"
         self.device = device

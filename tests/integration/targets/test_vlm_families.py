@@ -345,3 +345,25 @@ def test_checks_that_send_two_images_keep_to_a_one_image_family(vlm: Any) -> Non
     _no_harness_errors(gbi + turns)
     assert [f.verdict for f in turns] == [Verdict.SKIPPED] and "images_per_request" in turns[0].title
     assert gbi[0].verdict == Verdict.PASS, gbi[0].title
+
+
+def test_janus_answers_without_a_length_warning_per_request(vlm: Any) -> None:
+    """Janus's ``generate`` hands its own copy of the generation config (with transformers' default
+    ``max_length`` 20) to the generic one, which then warns on every request that ``max_new_tokens``
+    wins: 154 identical lines in one quick run's terminal."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("transformers.generation.utils")
+    handler = Keep(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        vlm("janus").generate("What colour is it?", [IMG], GenerationParams(max_new_tokens=2))
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "max_new_tokens" in r.getMessage()]

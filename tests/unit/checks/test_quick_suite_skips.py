@@ -20,8 +20,9 @@ class _Capabilities(Target):
 
 def documented() -> tuple[int, list[str]]:
     text = (DOCS / "vlm.md").read_text(encoding="utf-8")
-    body = text.split("<!-- quick-skips:start -->", 1)[1].split("<!-- quick-skips:end -->", 1)[0]
-    count = re.search(r"\b(\d+) checks\b", text.split("<!-- quick-skips:start -->", 1)[0].rstrip().rsplit("\n\n", 1)[-1])
+    before, after = text.split("<!-- quick-skips:start -->", 1)
+    body = after.split("<!-- quick-skips:end -->", 1)[0]
+    count = re.search(r"\b(\d+) checks\b", before.rstrip().rsplit("\n\n", 1)[-1])  # the paragraph before the list
     assert count, "docs/vlm.md: the sentence before the quick-skips list says how many checks"
     return int(count.group(1)), re.findall(r"`([a-z_]+)`", body)
 
