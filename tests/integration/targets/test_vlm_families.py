@@ -336,10 +336,12 @@ def test_prompt_form_is_refused_on_a_contrastive_model(tmp_path: Path) -> None:
     assert err.value.code == "target_option_inapplicable"
 
 
-def test_checks_that_send_two_images_keep_to_a_one_image_family(vlm: Any) -> None:
+@pytest.mark.parametrize("family", ["kosmos2", "instructblip"])
+def test_checks_that_send_two_images_keep_to_a_one_image_family(family: str, vlm: Any) -> None:
     """generation_batch_invariance's neighbours carry 0-2 images and multi_turn_consistency's chats two:
-    on Kosmos-2 (one image a request) the typed refusal ended both checks as harness errors."""
-    target = vlm("kosmos2")
+    on Kosmos-2 (one image a request) the typed refusal ended both checks as harness errors, and on
+    InstructBLIP (which answers only with an image) the text-only neighbours did."""
+    target = vlm(family)
     gbi = run_check_class(REGISTRY.get("generation_batch_invariance"), target, {"probes": 1, "runs": 1}, data=DATA)
     turns = run_check_class(REGISTRY.get("multi_turn_consistency"), target, {"last_images": 2}, data=DATA)
     _no_harness_errors(gbi + turns)
