@@ -16,8 +16,12 @@ from typing import Any
 from tests.fakes.broken_targets import build_tiny_clip
 
 __all__ = [
+    "build_align",
     "build_altclip",
     "build_blip_retrieval",
+    "build_chinese_clip",
+    "build_metaclip2",
+    "build_siglip",
     "build_siglip2",
     "clip_with_tokenizer_limit",
     "set_tokenizer_limit",
@@ -160,3 +164,81 @@ def build_blip_retrieval(out: Path, *, saved_as: str | None = None) -> Path:
         config["architectures"] = [saved_as]
         (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return out
+
+
+def _text(tok: Any, positions: int = 32, **extra: Any) -> dict[str, Any]:
+    return {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "max_position_embeddings": positions, "pad_token_id": tok.pad_token_id,
+            "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, **extra}  # fmt: skip
+
+
+def _save(model: Any, image_processor: Any, out: Path) -> Path:
+    model.save_pretrained(str(out))
+    image_processor.save_pretrained(str(out))
+    return out
+
+
+def build_siglip(out: Path) -> Path:
+    """A random tiny SigLIP: sigmoid-trained, so its texts are padded to the full length."""
+    import torch
+
+    transformers = _quiet()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _word_tokenizer(out, 32)
+    torch.manual_seed(0)
+    config = transformers.SiglipConfig(text_config=_text(tok), vision_config=_vision())
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    return _save(transformers.SiglipModel(config), SiglipImageProcessorPil(size={"height": 32, "width": 32}), out)
+
+
+def build_metaclip2(out: Path) -> Path:
+    """A random tiny MetaCLIP 2 (CLIP's architecture, its own model type; the hub model's
+    tokenizer is XLM-V's, a whole-word one here)."""
+    import torch
+
+    transformers = _quiet()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _word_tokenizer(out, 32)
+    torch.manual_seed(0)
+    config = transformers.MetaClip2Config(text_config=_text(tok), vision_config=_vision(), projection_dim=16)
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return _save(transformers.MetaClip2Model(config), image_processor, out)
+
+
+def build_chinese_clip(out: Path) -> Path:
+    """A random tiny Chinese-CLIP: a BERT text tower pooled at its first token, a CLIP vision tower."""
+    import torch
+
+    transformers = _quiet()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _word_tokenizer(out, 32)
+    torch.manual_seed(0)
+    config = transformers.ChineseCLIPConfig(text_config=_text(tok), vision_config=_vision(), projection_dim=16)
+    from transformers.models.chinese_clip.image_processing_pil_chinese_clip import ChineseCLIPImageProcessorPil
+
+    image_processor = ChineseCLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return _save(transformers.ChineseCLIPModel(config), image_processor, out)
+
+
+def build_align(out: Path) -> Path:
+    """A random tiny ALIGN: an EfficientNet image tower (convolutions and batch norm, no patches)
+    and a BERT text tower pooled at its first token."""
+    import torch
+
+    transformers = _quiet()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _word_tokenizer(out, 64)  # ALIGN's processor pads every text to 64 tokens
+    # No projection on the image side: the last block's channels are the embedding (= projection_dim).
+    vision = {"image_size": 32, "width_coefficient": 1.0, "depth_coefficient": 1.0, "kernel_sizes": [3, 3],
+              "in_channels": [32, 16], "out_channels": [16, 16], "strides": [1, 2], "num_block_repeats": [1, 1],
+              "expand_ratios": [1, 2], "hidden_dim": 64, "depthwise_padding": []}  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.AlignConfig(text_config=_text(tok, 64), vision_config=vision, projection_dim=16)
+    from transformers.models.efficientnet.image_processing_pil_efficientnet import EfficientNetImageProcessorPil
+
+    image_processor = EfficientNetImageProcessorPil(size={"height": 32, "width": 32},
+                                                    crop_size={"height": 32, "width": 32})  # fmt: skip
+    return _save(transformers.AlignModel(config), image_processor, out)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import ImageArray
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message, as_messages
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
@@ -22,6 +23,7 @@ __all__ = [
     "FirstImageOnlyVLM",
     "ImageKeyedCacheVLM",
     "NoLogprobs",
+    "OneImageBlindVLM",
     "OneImageVLM",
     "TextKeyedCacheVLM",
     "TruncatingLlava",
@@ -93,6 +95,20 @@ class OneImageVLM(DelegatingTarget):
                 parts.append(part)
             kept.append(Message(m.role, tuple(parts) if not isinstance(m.content, str) else m.content))
         return super().generate(kept, (), params)
+
+
+class OneImageBlindVLM(DelegatingTarget):
+    """Refuses a second image with a typed error, as a one-image model should, but answers the one
+    image it takes without it (a request parser that drops the image part)."""
+
+    def generate(
+        self, prompt: str | Sequence[Message], images: Sequence[ImageArray] = (), params: GenerationParams | None = None
+    ) -> GenerationResult:
+        messages = as_messages(prompt, images)
+        if sum(len(m.images()) for m in messages) > 1:
+            raise TargetCallError("this model takes one image per request", code="processor_refused")
+        text_only = [Message(m.role, "".join(p for p in m.parts() if isinstance(p, str))) for m in messages]
+        return super().generate(text_only, (), params)
 
 
 class _BatchBias:

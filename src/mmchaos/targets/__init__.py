@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from mmchaos.errors import ConfigError, MMChaosError, TargetLoadError, UnknownNameError
 from mmchaos.registry import Registry, closest
@@ -61,6 +61,9 @@ class HFOptions(TorchOptions):
     """False: also load pickled (``.bin``) weights."""
     allow_missing_weights: bool = False
     """Load a contrastive checkpoint that leaves weights newly initialised (refused by default)."""
+    prompt_form: Literal["chat_template", "plain"] = "chat_template"
+    """How a VLM's requests become its prompt: its saved chat template, or ``plain`` (each
+    request's text, for the families prompted without one: Kosmos-2, Florence-2), recorded in the run."""
 
 
 @takes_options(BuiltinOptions)
@@ -114,9 +117,15 @@ def _hf_target(rest: str, options: HFOptions) -> Target:
             trust_remote_code=options.trust_remote_code,
             use_safetensors=options.use_safetensors,
             device=options.device,
+            prompt_form=options.prompt_form,
         )
     from mmchaos.targets.hf import HFContrastiveTarget
 
+    if options.prompt_form != "chat_template":
+        raise ConfigError(
+            f"hf:{rest} is a contrastive model, which takes no prompt: prompt_form applies to generative VLMs only",
+            code="target_option_inapplicable",
+        )
     return HFContrastiveTarget(
         rest,
         trust_remote_code=options.trust_remote_code,

@@ -13,11 +13,15 @@ model. Every refusal is a one-line :class:`~mmchaos.errors.TargetLoadError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import re
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from mmchaos._lazy import require
 from mmchaos.errors import TargetCallError, TargetLoadError
@@ -32,8 +36,8 @@ from mmchaos.targets.generation import (
     as_messages,
     cut_at_stop,
 )
-from mmchaos.targets.hub import directory_fingerprint, quiet_transformers, read_config
-from mmchaos.targets.vlm_processor import encode, load_processor, render_chat
+from mmchaos.targets.hub import directory_fingerprint, drop_length_notice, quiet_transformers, read_config
+from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config"]
 
@@ -114,10 +118,12 @@ class HFVisionLanguageTarget(Target):
         trust_remote_code: bool = False,
         use_safetensors: bool = True,
         device: str = "cpu",
+        prompt_form: Literal["chat_template", "plain"] = "chat_template",
     ) -> None:
         self.torch = require("torch")
         transformers = require("transformers")
         transformers.logging.disable_progress_bar()
+        drop_length_notice()
         self.path = Path(path)
         self.uri = uri or f"hf:{path}"
         self.device = device
@@ -154,12 +160,14 @@ class HFVisionLanguageTarget(Target):
         self.model = model.eval().to(device)
         self.processor = self._load_processor(trust_remote_code)
         self.tokenizer = self.processor.tokenizer
+        if prompt_form == "plain":
+            use_plain_prompts(self.processor)
         if not getattr(self.processor, "chat_template", None):
             raise TargetLoadError(
                 f"{self.architecture} at {self.path} has no chat template: neither its processor nor the directory "
-                "(chat_template.jinja/json) holds one. Families prompted with plain text (BLIP-2's "
-                "'Question: ... Answer:', Florence-2's task tokens) need one saved with the model: mmchaos renders "
-                "requests only through the model's own template, never a prompt form of its own",
+                "(chat_template.jinja/json) holds one. A family prompted with plain text (Kosmos-2, Florence-2's "
+                "task tokens) takes the target option prompt_form: plain (each request's text as the prompt, "
+                "recorded in the run), or a template saved with the model",
                 code="chat_template_missing",
             )
         self.image_token_id = self._image_token_id()
@@ -178,6 +186,15 @@ class HFVisionLanguageTarget(Target):
 
     def _load_processor(self, trust_remote_code: bool) -> Any:
         return load_processor(self.path, trust_remote_code)
+
+    @functools.cached_property
+    def images_per_request(self) -> int | None:
+        """How many images one request may carry: 1 where the processor places the image itself,
+        once, before the prompt (the rendered chat holds no image placeholder: BLIP-2, InstructBLIP,
+        Kosmos-2, Florence-2), whose model drops or crashes on a second one; else no limit here."""
+        probe = render_chat(self.processor, [Message("user", (np.zeros((2, 2, 3), np.uint8), "x"))])
+        token = self.image_token
+        return None if token and token in probe else 1
 
     @property
     def image_token(self) -> str | None:
@@ -225,6 +242,7 @@ class HFVisionLanguageTarget(Target):
     def _check_placeholders(self, texts: Sequence[str], pictures: Sequence[Sequence[ImageArray]]) -> None:
         """More image placeholders than images (a user who typed one) is the request's fault: refused
         here, before the processor, whose error for it would not say whose fault it is."""
+        self._check_image_count(pictures)
         token = self.image_token
         if not token:
             return
@@ -235,6 +253,24 @@ class HFVisionLanguageTarget(Target):
                     f"{where}the prompt has {text.count(token)} image placeholders ({token}) for {len(imgs)} images",
                     code="processor_refused",
                 )
+
+    def _check_image_count(self, pictures: Sequence[Sequence[ImageArray]]) -> None:
+        """More images than the model takes in one request is the request's fault, refused here:
+        the family's model would drop the extra image silently or crash on it."""
+        limit = self.images_per_request
+        for i, imgs in enumerate(pictures):
+            if limit is not None and len(imgs) > limit:
+                where = f"request {i} of {len(pictures)}: " if len(pictures) > 1 else ""
+                raise TargetCallError(
+                    f"{where}{self.architecture} takes one image per request (its processor places the image before "
+                    f"the prompt itself); {len(imgs)} were given",
+                    code="processor_refused",
+                )
+
+    def _output_start(self, prompt_len: int) -> int:
+        """Where the generated tokens start in what ``generate`` returns: after the prompt for a
+        decoder-only model, after the decoder's start token for an encoder-decoder (Florence-2)."""
+        return 1 if getattr(self.model.config, "is_encoder_decoder", False) else prompt_len
 
     def count_image_tokens(self, inputs: dict[str, Any]) -> int | None:
         """How many image placeholder tokens the processor put into ``inputs`` (None if unknown)."""
@@ -294,7 +330,7 @@ class HFVisionLanguageTarget(Target):
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0,
                           num_return_sequences=params.n)  # fmt: skip
         if params.stop:
-            kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, prompt_len, params.stop)]
+            kwargs["stopping_criteria"] = [_StopOnText(self.tokenizer, self._output_start(prompt_len), params.stop)]
         return kwargs
 
     def generate(
@@ -332,6 +368,8 @@ class HFVisionLanguageTarget(Target):
         texts = [self.render(c) for c in chats]
         pictures = [[img for m in c for img in m.images()] for c in chats]
         self._check_placeholders(texts, pictures)
+        if self.images_per_request == 1 and len({bool(p) for p in pictures}) > 1:
+            return self._batches_by_image(requests, params, [bool(p) for p in pictures])
         try:
             batch = encode(self.processor, texts, pictures, padding=True, padding_side=self.padding_side,
                            return_tensors="pt")  # fmt: skip
@@ -365,6 +403,27 @@ class HFVisionLanguageTarget(Target):
             extra: dict[str, object] = {"image_tokens": image_tokens, "batch_size": len(chats)}
             results.append(GenerationResult(tuple(mine), prompt_tokens=prompt_tokens, extra=extra))
         return results
+
+    def _batches_by_image(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams, has_image: Sequence[bool]
+    ) -> list[GenerationResult]:
+        """A batch mixing requests with and without an image, for a family whose processor places
+        the image itself (Kosmos-2's builds image slots for every row, and the model crashes): one
+        padded batch of those with an image, one of those without, answered in the request order."""
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for wanted in (True, False):
+            rows = [i for i, has in enumerate(has_image) if has == wanted]
+            try:
+                answered = self.generate_batch([requests[i] for i in rows], params)
+            except TargetCallError as exc:  # name the request by its place in the whole batch
+                where = re.match(r"request (\d+) of \d+: ", exc.message)
+                if where is None:
+                    raise
+                named = f"request {rows[int(where.group(1))]} of {len(requests)}: {exc.message[where.end() :]}"
+                raise TargetCallError(named, code=exc.code) from None
+            for i, result in zip(rows, answered, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
 
     def generate_stream(
         self,
@@ -439,7 +498,7 @@ class HFVisionLanguageTarget(Target):
 
     def _completions(self, out: Any, prompt_len: int, params: GenerationParams) -> list[Completion]:
         torch = self.torch
-        new = out.sequences[:, prompt_len:].to("cpu")
+        new = out.sequences[:, self._output_start(prompt_len) :].to("cpu")
         steps = len(out.logits)
         logprobs = None
         tops: list[list[dict[int, float]]] | None = None
@@ -500,5 +559,6 @@ class HFVisionLanguageTarget(Target):
         cls = type(self.processor)
         processor = getattr(cls, "images_only_of", cls.__name__)
         out["model"] = {"architecture": self.architecture, "model_type": self.model_type, "processor": processor,
-                        "image_token_id": self.image_token_id}  # fmt: skip
+                        "image_token_id": self.image_token_id, "images_per_request": self.images_per_request,
+                        "chat_template": getattr(self.processor, "_mmchaos_template_source", "processor")}  # fmt: skip
         return out

@@ -16,7 +16,7 @@ from typing import Any
 from mmchaos.errors import TargetLoadError
 from mmchaos.guard.artefacts import Fingerprint, component_hashes, package_versions
 
-__all__ = ["directory_fingerprint", "local_dir", "quiet_transformers", "read_config"]
+__all__ = ["directory_fingerprint", "drop_length_notice", "local_dir", "quiet_transformers", "read_config"]
 
 
 def local_dir(source: str) -> Path:
@@ -52,6 +52,27 @@ def directory_fingerprint(path: Path) -> Fingerprint:
         **component_hashes(path),
         versions=package_versions("torch", "transformers", "tokenizers", "safetensors", "numpy"),
     )
+
+
+class _NoLengthNotice(logging.Filter):
+    """Drops transformers' "Both `max_new_tokens` and `max_length` seem to have been set" notice:
+    Janus's ``generate`` passes its own copy of the generation config (default ``max_length`` 20)
+    to the generic one, which then says on every request what mmchaos already asks for
+    (``max_new_tokens`` wins)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "seem to have been set. `max_new_tokens` will take precedence" not in record.getMessage()
+
+
+_LENGTH_NOTICE = _NoLengthNotice()
+
+
+def drop_length_notice() -> None:
+    """Install the filter once on transformers' generation logger (a constant filter, so concurrent
+    requests need no lock, unlike a verbosity switched around each call)."""
+    logger = logging.getLogger("transformers.generation.utils")
+    if _LENGTH_NOTICE not in logger.filters:
+        logger.addFilter(_LENGTH_NOTICE)
 
 
 @contextlib.contextmanager

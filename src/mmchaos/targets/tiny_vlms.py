@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmchaos._lazy import require
+from mmchaos.targets.vlm_processor import PLAIN_TEMPLATE
 
 __all__ = ["FAMILIES", "build_tiny_vlm", "byte_tokenizer", "chat_template"]
 
@@ -61,7 +62,9 @@ def _save_processor(
 _QWEN_ROLES = {"system": "<|im_start|>system\n", "user": "<|im_start|>user\n", "assistant": "<|im_start|>assistant\n"}
 
 
-def byte_tokenizer(specials: list[str], *, bos: str, eos: str, pad: str, named: dict[str, str] | None = None) -> Any:
+def byte_tokenizer(
+    specials: list[str], *, bos: str, eos: str, pad: str, named: dict[str, str] | None = None, unk: str | None = None
+) -> Any:
     """A byte-level tokenizer (256 byte symbols, no merges) with ``specials`` as special tokens;
     ``named`` special tokens also become attributes (InternVL's processor reads
     ``tokenizer.start_image_token``, as its hub tokenizer config declares them)."""
@@ -74,10 +77,15 @@ def byte_tokenizer(specials: list[str], *, bos: str, eos: str, pad: str, named: 
     tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    ordered = list(dict.fromkeys([bos, eos, pad, *specials, *(named or {}).values()]))
+    ordered = list(dict.fromkeys([bos, eos, pad, *([unk] if unk else []), *specials, *(named or {}).values()]))
     tok.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in ordered])
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens=dict(named or {})
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token=unk,
+        extra_special_tokens=dict(named or {}),
     )
 
 
@@ -323,6 +331,255 @@ def _gemma3(out: Path) -> None:
                       chat_template=template).save_pretrained(out)  # fmt: skip
 
 
+def _llava_next(out: Path) -> None:
+    """LLaVA-NeXT: CLIP tower, any-resolution tiles (a base image plus the best-fitting grid of
+    28-pixel tiles here), a newline token per row; the image's size decides its tokens."""
+    t = require("transformers")
+    tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
+    ids = tok.convert_tokens_to_ids
+    vision = t.CLIPVisionConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=28, patch_size=14, projection_dim=HIDDEN)  # fmt: skip
+    text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<s>"), eos_token_id=ids("</s>"),
+                                  pad_token_id=ids("<pad>")))  # fmt: skip
+    grid = [[28, 28], [28, 56], [56, 28]]
+    config = t.LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=ids("<image>"),
+                               vision_feature_layer=-1, vision_feature_select_strategy="default",
+                               image_grid_pinpoints=grid)  # fmt: skip
+    config.pad_token_id = ids("<pad>")
+    t.LlavaNextForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                                 image_grid_pinpoints=grid)  # fmt: skip
+    template = chat_template({"system": "", "user": "[INST] ", "assistant": ""}, "<image>\n", " [/INST]", "")
+    t.LlavaNextProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14,
+                         vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                         chat_template=template).save_pretrained(out)  # fmt: skip
+
+
+def _qwen3_vl(out: Path) -> None:
+    """Qwen3-VL: Qwen2-VL's dynamic resolution with 16-pixel patches, interleaved multimodal
+    rotary positions and deepstack features from inner tower layers; a video part."""
+    t = require("transformers")
+    specials = ["<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tok = byte_tokenizer(specials, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    text = _llama(len(tok), head_dim=16, rope_parameters=rope, bos_token_id=ids("<|endoftext|>"),
+                  eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))  # fmt: skip
+    vision = {"depth": 2, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_heads": 2,
+              "out_hidden_size": HIDDEN, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "num_position_embeddings": 16, "deepstack_visual_indexes": [1]}  # fmt: skip
+    config = t.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                             video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                             vision_end_token_id=ids("<|vision_end|>"))  # fmt: skip
+    t.Qwen3VLForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    pixels = {"shortest_edge": 32 * 32 * 4, "longest_edge": 64 * 64}  # 1 to 4 merged tokens an image
+    image_processor = Qwen2VLImageProcessorPil(size=pixels, patch_size=16, merge_size=2, temporal_patch_size=2)
+    template = chat_template(_QWEN_ROLES, "<|vision_start|><|image_pad|><|vision_end|>", "<|im_end|>\n",
+                             "<|im_start|>assistant\n")  # fmt: skip
+    _save_processor(out, "Qwen3VLProcessor", image_processor, tok, template)
+
+
+def _glm4v(out: Path) -> None:
+    """GLM-4.1V: dynamic resolution (its image processor counts the temporal factor in its pixel
+    budget), partial rotary positions in three sections, ``<|begin_of_image|>`` markers; a video part."""
+    t = require("transformers")
+    specials = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|begin_of_image|>",
+                "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]  # fmt: skip
+    tok = byte_tokenizer(specials, bos="[gMASK]", eos="<|user|>", pad="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5}
+    text = _llama(len(tok), rope_parameters=rope, bos_token_id=ids("[gMASK]"), eos_token_id=ids("<|user|>"),
+                  pad_token_id=ids("<|endoftext|>"))  # fmt: skip
+    vision = {"depth": 2, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_heads": 2,
+              "out_hidden_size": HIDDEN, "image_size": 28, "patch_size": 14, "spatial_merge_size": 2,
+              "temporal_patch_size": 2}  # fmt: skip
+    config = t.Glm4vConfig(
+        text_config=text, vision_config=vision, image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
+        image_start_token_id=ids("<|begin_of_image|>"), image_end_token_id=ids("<|end_of_image|>"),
+        video_start_token_id=ids("<|begin_of_video|>"), video_end_token_id=ids("<|end_of_video|>"),
+    )  # fmt: skip
+    t.Glm4vForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    pixels = {"shortest_edge": 28 * 28 * 2, "longest_edge": 56 * 56 * 2}  # x2: the temporal factor
+    image_processor = Glm4vImageProcessorPil(size=pixels, patch_size=14, merge_size=2,  # type: ignore[call-arg]
+                                             temporal_patch_size=2)  # fmt: skip
+    roles = {"system": "<|system|>\n", "user": "<|user|>\n", "assistant": "<|assistant|>\n"}
+    template = "[gMASK]<sop>" + chat_template(roles, "<|begin_of_image|><|image|><|end_of_image|>", "",
+                                              "<|assistant|>\n")  # fmt: skip
+    _save_processor(out, "Glm4vProcessor", image_processor, tok, template)
+
+
+def _mllama(out: Path) -> None:
+    """Mllama (Llama 3.2 Vision): the image enters through cross-attention layers, not the token
+    sequence; ``<|image|>`` is one token per image, the tower sees tiles and aspect-ratio ids."""
+    t = require("transformers")
+    specials = ["<|image|>", "<|python_tag|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    tok = byte_tokenizer(specials, bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>")
+    ids = tok.convert_tokens_to_ids
+    vision = {"hidden_size": HIDDEN, "num_hidden_layers": 2, "num_global_layers": 1, "attention_heads": 2,
+              "intermediate_size": 2 * HIDDEN, "vision_output_dim": 2 * HIDDEN, "image_size": 28, "patch_size": 14,
+              "max_num_tiles": 1, "intermediate_layers_indices": [0], "supported_aspect_ratios": [[1, 1]]}  # fmt: skip
+    text = _llama(len(tok), bos_token_id=ids("<|begin_of_text|>"), eos_token_id=ids("<|eot_id|>"),
+                  pad_token_id=ids("<|finetune_right_pad_id|>"), cross_attention_layers=[1])  # fmt: skip
+    config = t.MllamaConfig(vision_config=vision, text_config=text, image_token_index=ids("<|image|>"))
+    t.MllamaForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    image_processor = MllamaImageProcessorPil(size={"height": 28, "width": 28}, max_image_tiles=1)
+    roles = {r: f"<|start_header_id|>{r}<|end_header_id|>\n\n" for r in ("system", "user", "assistant")}
+    template = "<|begin_of_text|>" + chat_template(roles, "<|image|>", "<|eot_id|>",
+                                                   "<|start_header_id|>assistant<|end_header_id|>\n\n")  # fmt: skip
+    t.MllamaProcessor(image_processor=image_processor, tokenizer=tok, chat_template=template).save_pretrained(out)
+
+
+def _aya_vision(out: Path) -> None:
+    """Aya Vision: SigLIP tower, Cohere2 text, GOT-OCR2 tiling; ``<image>`` expands to a start
+    marker, per-tile ``TILE_i`` tokens and patch tokens, a global tile and an end marker."""
+    t = require("transformers")
+    specials = ["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+                "<|CHATBOT_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+                "<|IMG_LINE_BREAK|>", "TILE", "TILE_GLOBAL", "TILE_1", "TILE_2"]  # fmt: skip
+    tok = byte_tokenizer(specials, bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>")
+    ids = tok.convert_tokens_to_ids
+    text = t.Cohere2Config(**_llama(len(tok), bos_token_id=ids("<BOS_TOKEN>"), pad_token_id=ids("<PAD>"),
+                                    eos_token_id=ids("<|END_OF_TURN_TOKEN|>"), sliding_window=64,
+                                    layer_types=["sliding_attention", "full_attention"]))  # fmt: skip
+    # 28-pixel tiles of 2x2 patches, pixel-shuffled by 2: one token a tile
+    config = t.AyaVisionConfig(vision_config=_siglip_vision(t), text_config=text,
+                               image_token_index=ids("<|IMG_PATCH|>"), downsample_factor=2,
+                               vision_feature_select_strategy="full", vision_feature_layer=-1)  # fmt: skip
+    config.pad_token_id = ids("<PAD>")
+    t.AyaVisionForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True, min_patches=1,
+                                               max_patches=2)  # fmt: skip
+    roles = {"system": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>", "user": "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>",
+             "assistant": "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"}  # fmt: skip
+    template = chat_template(roles, "<image>", "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    t.AyaVisionProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14, img_size=28,
+                         downsample_factor=2, chat_template=template).save_pretrained(out)  # fmt: skip
+
+
+def _janus(out: Path) -> None:
+    """Janus: a SigLIP-style understanding tower and a VQ-VAE image generator in one model; an
+    image is ``<begin_of_image>`` + ``num_image_tokens`` placeholders + ``<end_of_image>``."""
+    t = require("transformers")
+    named = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    tok = byte_tokenizer(["<|User|>", "<|Assistant|>"], bos="<|begin_of_sentence|>", eos="<|end_of_sentence|>",
+                         pad="<|pad|>", named=named)  # fmt: skip
+    ids = tok.convert_tokens_to_ids
+    text = _llama(len(tok), bos_token_id=ids("<|begin_of_sentence|>"), eos_token_id=ids("<|end_of_sentence|>"),
+                  pad_token_id=ids("<|pad|>"))  # fmt: skip
+    vision = {"hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 28,
+              "patch_size": 14, "mlp_ratio": 2, "projection_dim": HIDDEN, "depth": 1,
+              "num_image_tokens": 4}  # fmt: skip
+    # the VQ-VAE's GroupNorm takes channels in multiples of 32
+    vq = {"embed_dim": 8, "num_embeddings": 16, "latent_channels": 32, "base_channels": 32,
+          "channel_multiplier": [1, 1], "num_res_blocks": 1, "projection_dim": HIDDEN, "image_token_embed_dim": HIDDEN,
+          "num_hidden_layers": 1}  # fmt: skip
+    config = t.JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
+                           image_token_id=ids("<image_placeholder>"))  # fmt: skip
+    config.pad_token_id = ids("<|pad|>")
+    t.JanusForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.janus.image_processing_pil_janus import JanusImageProcessorPil
+
+    image_processor = JanusImageProcessorPil(size={"height": 28, "width": 28})
+    template = chat_template({"system": "", "user": "<|User|>: ", "assistant": "<|Assistant|>: "},
+                             "<image_placeholder>\n", "\n\n", "<|Assistant|>:")  # fmt: skip
+    t.JanusProcessor(image_processor=image_processor, tokenizer=tok, num_image_tokens=4,
+                     chat_template=template).save_pretrained(out)  # fmt: skip
+
+
+_PLAIN = PLAIN_TEMPLATE
+"""The families below are prompted with plain text: their hub repositories hold no chat template
+(or one their processor class does not read); saved here as the directory's template."""
+
+
+def _instructblip(out: Path) -> None:
+    """InstructBLIP: BLIP-2's Q-Former, which also reads the prompt (its own tokenizer, saved in
+    ``qformer_tokenizer/``); Llama text; one image a request; its processor drops the saved template."""
+    t = require("transformers")
+    tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
+    qformer_tok = byte_tokenizer([], bos="[CLS]", eos="[SEP]", pad="[PAD]")
+    ids = tok.convert_tokens_to_ids
+    vision = {"hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+    qformer = {"hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 2 * HIDDEN,
+               "encoder_hidden_size": HIDDEN, "vocab_size": len(qformer_tok),
+               "pad_token_id": qformer_tok.pad_token_id}  # fmt: skip
+    text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<s>"), eos_token_id=ids("</s>"),
+                                  pad_token_id=ids("<pad>")))  # fmt: skip
+    config = t.InstructBlipConfig(vision_config=vision, qformer_config=qformer, text_config=text.to_dict(),
+                                  num_query_tokens=4, image_token_index=ids("<image>"))  # fmt: skip
+    t.InstructBlipForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    image_processor = BlipImageProcessorPil(size={"height": 28, "width": 28})
+    t.InstructBlipProcessor(image_processor=image_processor, tokenizer=tok, qformer_tokenizer=qformer_tok,
+                            num_query_tokens=4).save_pretrained(out)  # fmt: skip
+    (out / "chat_template.jinja").write_text(_PLAIN, encoding="utf-8")
+
+
+def _kosmos2(out: Path) -> None:
+    """Kosmos-2: its processor puts ``<image>``, 64 image-embedding slots (ids after ``<unk>``)
+    and ``</image>`` before the text, and adds its grounding and patch-index tokens to the
+    tokenizer; one image a request, no image token id; its processor drops the saved template."""
+    t = require("transformers")
+    tok = byte_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", unk="<unk>")
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    processor = t.Kosmos2Processor(image_processor=image_processor, tokenizer=tok, num_patch_index_tokens=16)
+    ids = tok.convert_tokens_to_ids
+    # The 64 slots are ids unk+1 ... unk+64 (placeholders; their embeddings are replaced by the
+    # image's): the table must hold them, as the hub model's 65k-token vocabulary does.
+    # Positions must exceed the pad id (the sinusoidal table zeroes the pad row).
+    text = {"vocab_size": len(tok) + 64, "embed_dim": HIDDEN, "layers": 2, "ffn_dim": 2 * HIDDEN,
+            "attention_heads": 2, "max_position_embeddings": 512, "bos_token_id": ids("<s>"),
+            "eos_token_id": ids("</s>"), "pad_token_id": ids("<pad>")}  # fmt: skip
+    vision = {"hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+    config = t.Kosmos2Config(text_config=text, vision_config=vision, latent_query_num=64)
+    t.Kosmos2ForConditionalGeneration(config).save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(_PLAIN, encoding="utf-8")
+
+
+def _florence2(out: Path) -> None:
+    """Florence-2: a DaViT tower and a BART encoder-decoder (``generate`` returns decoder tokens
+    only, not the prompt); its processor rewrites task tokens (``<CAPTION>``) into questions and
+    wraps the prompt in ``image_seq_length`` image tokens; one image a request; drops the template."""
+    t = require("transformers")
+    tok = byte_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", named={"image_token": "<image>"})
+    ids = tok.convert_tokens_to_ids
+    text = t.BartConfig(vocab_size=len(tok), d_model=HIDDEN, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * HIDDEN,
+                        decoder_ffn_dim=2 * HIDDEN, max_position_embeddings=256, bos_token_id=ids("<s>"),
+                        eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"), decoder_start_token_id=ids("</s>"),
+                        forced_eos_token_id=None)  # fmt: skip
+    # 28 pixels, strides 4 and 2: a 4x4 grid, plus one pooled token = 17 image tokens
+    vision = {"depths": [1, 1], "patch_size": [7, 3], "patch_stride": [4, 2], "patch_padding": [3, 1],
+              "patch_prenorm": [False, True], "embed_dim": [16, 32], "num_heads": [2, 2], "num_groups": [2, 2],
+              "window_size": 2, "projection_dim": HIDDEN, "max_position_embeddings": 8,
+              "max_temporal_embeddings": 2}  # fmt: skip
+    # untied: a random tied head repeats its input token, here the decoder start (end-of-sequence)
+    config = t.Florence2Config(text_config=text, vision_config=vision, image_token_id=ids("<image>"),
+                               tie_word_embeddings=False)  # fmt: skip
+    t.Florence2ForConditionalGeneration(config).save_pretrained(out)
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    image_processor = CLIPImageProcessorPil(size={"height": 28, "width": 28}, do_center_crop=False)
+    image_processor.image_seq_length = 17  # type: ignore[attr-defined]  # Florence-2's processor reads it
+    t.Florence2Processor(image_processor=image_processor, tokenizer=tok).save_pretrained(out)
+    (out / "chat_template.jinja").write_text(_PLAIN, encoding="utf-8")
+
+
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llava": _llava,
     "qwen2_vl": _qwen2_vl,
@@ -334,6 +591,15 @@ FAMILIES: dict[str, Callable[[Path], None]] = {
     "paligemma": _paligemma,
     "blip2": _blip2,
     "gemma3": _gemma3,
+    "llava_next": _llava_next,
+    "qwen3_vl": _qwen3_vl,
+    "glm4v": _glm4v,
+    "mllama": _mllama,
+    "aya_vision": _aya_vision,
+    "janus": _janus,
+    "instructblip": _instructblip,
+    "kosmos2": _kosmos2,
+    "florence2": _florence2,
 }
 
 

@@ -26,7 +26,25 @@ from mmchaos._lazy import require
 from mmchaos.errors import TargetLoadError
 from mmchaos.targets.generation import Message
 
-__all__ = ["encode", "expected_prompt_tokens", "load_processor", "needs_image", "processor_facts", "render_chat"]
+__all__ = [
+    "PLAIN_TEMPLATE",
+    "encode",
+    "expected_prompt_tokens",
+    "load_processor",
+    "needs_image",
+    "processor_facts",
+    "render_chat",
+    "use_plain_prompts",
+]
+
+PLAIN_TEMPLATE = (
+    "{%- for m in messages -%}{%- if not loop.first -%} {% endif -%}"
+    "{%- if m['content'] is string -%}{{ m['content'] }}"
+    "{%- else -%}{%- for p in m['content'] -%}{%- if p['type'] == 'text' -%}{{ p['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{%- endfor -%}"
+)
+"""The plain-text prompt form: the turns' text joined by spaces, no role tags, no image
+placeholder (the processors of the families prompted this way put the image in themselves)."""
 
 # Processor and image-processor attributes that decide how an image becomes tokens.
 _PROCESSOR_KEYS = (
@@ -101,6 +119,16 @@ def with_saved_template(processor: Any, path: Path) -> Any:
         if template is not None:
             with contextlib.suppress(AttributeError):
                 processor.chat_template = template
+                # recorded in the run (describe()): the prompt form is the directory's, not the processor's
+                processor._mmchaos_template_source = "directory (its processor class does not read it)"
+    return processor
+
+
+def use_plain_prompts(processor: Any) -> Any:
+    """``processor`` rendering every request in the plain-text prompt form (``prompt_form: plain``),
+    whatever template it or its directory holds: how Kosmos-2 and Florence-2 are prompted."""
+    processor.chat_template = PLAIN_TEMPLATE
+    processor._mmchaos_template_source = "plain text (prompt_form: plain): each request's text, no template"
     return processor
 
 

@@ -20,7 +20,11 @@ from mmchaos.targets.options import SchemeOptions, load_target_config, options_m
     [
         ("onnx:/models/x", "trust_remote_code", "device, threads"),
         ("builtin:tiny-clip", "model", "device, threads"),
-        ("hf:/models/x", "model", "allow_missing_weights, device, threads, trust_remote_code, use_safetensors"),
+        (
+            "hf:/models/x",
+            "model",
+            "allow_missing_weights, device, prompt_form, threads, trust_remote_code, use_safetensors",
+        ),
         ("openai:http://127.0.0.1:1/v1", "threads", "allow_remote, api_key_env"),
     ],
 )

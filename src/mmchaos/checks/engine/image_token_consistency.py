@@ -76,15 +76,22 @@ class ImageTokenConsistency(Check[ImageTokenConsistencyParams, ImageTokenConsist
 
     def _expansion(self, ctx: CheckContext, a: Any, b: Any, params: GenerationParams) -> Finding:
         q = self.params.question
-        results = {name: ctx.target.generate(q, imgs, params) for name, imgs in
-                   (("a", [a]), ("b", [b]), ("ab", [a, b]))}  # fmt: skip
+        results = {name: ctx.target.generate(q, imgs, params) for name, imgs in (("a", [a]), ("b", [b]))}
         evidence: dict[str, Any] = {"part": "expansion", "seed": ctx.seed}
+        try:
+            results["ab"] = ctx.target.generate(q, [a, b], params)
+        except TargetCallError as exc:  # a model that takes one image per request refuses two, typed
+            if exc.code == "generate_failed":
+                raise
+            evidence["two_images"] = {"refused": exc.code, "message": exc.message[:200]}
         try:
             results["none"] = ctx.target.generate(q, [], params)
         except TargetCallError as exc:  # a model that answers only with an image may refuse it, typed
             if exc.code == "generate_failed":
                 raise
             evidence["no_image"] = {"refused": exc.code, "message": exc.message[:200]}
+        if "ab" not in results:
+            return self._one_image_expansion(ctx, results, evidence)
         counts = {k: r.extra.get("image_tokens") for k, r in results.items()}
         if "none" not in counts:
             counts["none"] = 0  # refused before the model: no image tokens reached it
@@ -120,6 +127,45 @@ class ImageTokenConsistency(Check[ImageTokenConsistencyParams, ImageTokenConsist
             message="the image tokens the model sees do not match the images sent",
             suggestion="send every image to the processor with one placeholder each, and refuse (do not truncate) "
             "requests over the server's per-request image limit",
+        )  # fmt: skip
+
+    def _one_image_expansion(
+        self, ctx: CheckContext, results: dict[str, GenerationResult], evidence: dict[str, Any]
+    ) -> Finding:
+        """Two images refused with a typed error (the model takes one a request): what is left to
+        hold is that each image gives the same, non-zero count and no image gives none."""
+        counts = {k: r.extra.get("image_tokens") for k, r in results.items()}
+        if "none" not in counts:
+            counts["none"] = 0
+        if not all(isinstance(v, int) for v in counts.values()):
+            counts = {k: r.prompt_tokens for k, r in results.items()} if "none" in results else {}
+            basis = "prompt tokens"
+        else:
+            basis = "image tokens"
+        refused = evidence["two_images"]["refused"]
+        if not counts or not all(isinstance(v, int) for v in counts.values()):
+            return self.finding(
+                ctx, Verdict.SKIPPED,
+                f"expansion: two images refused ({refused}) and the target reports no token counts to compare",
+                evidence=evidence,
+            )  # fmt: skip
+        c = {k: int(v) for k, v in counts.items() if isinstance(v, int)}
+        evidence["basis"] = basis
+        metrics = {f"{basis.split()[0]}_tokens_{k}": float(v) for k, v in c.items()}
+        gate = "one image per request: each image the same count, above no image; two images refused, typed"
+        floor = c["none"] if basis == "prompt tokens" else 0
+        if c["a"] == c["b"] > floor and (basis == "prompt tokens" or c["none"] == 0):
+            return self.finding(
+                ctx, Verdict.PASS,
+                f"expansion: one image per request ({c['a']} {basis} each; two images refused with {refused})",
+                metrics=metrics, gate=gate, evidence=evidence,
+            )  # fmt: skip
+        return self.finding(
+            ctx, Verdict.FAIL,
+            f"expansion: two images refused ({refused}), and one image gave {c['a']} or {c['b']} {basis} "
+            f"({c['none']} with none): an image was dropped or shifted",
+            severity=Severity.HIGH, metrics=metrics, gate=gate, evidence=evidence,
+            message="the image tokens the model sees do not match the image sent",
         )  # fmt: skip
 
     def _mismatches(self, ctx: CheckContext, a: Any, b: Any, params: GenerationParams) -> Finding:

@@ -68,6 +68,15 @@ class MultiTurnConsistency(Check[MultiTurnConsistencyParams, MultiTurnConsistenc
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
+        limit = getattr(ctx.target, "images_per_request", None)
+        if isinstance(limit, int) and limit < 2:
+            yield self.finding(
+                ctx, Verdict.SKIPPED,
+                f"skipped: a chat with an image in two turns needs two images in one request; the target takes "
+                f"{limit} (images_per_request)",
+                evidence={"images_per_request": limit},
+            )  # fmt: skip
+            return
         images = probe_images(ctx, p.last_images + 2)
         first, other_first, lasts = images[0], images[1], images[2:]
         params = GenerationParams(max_new_tokens=p.max_new_tokens, logprobs=True)
