@@ -20,6 +20,7 @@ from mmchaos.cli import (
     export_cmd,
     fuzz_cmd,
     list_cmd,
+    ops_cmd,
     perturb_cmd,
     proxy_cmd,
     report_cmd,
@@ -49,7 +50,9 @@ def _root(
 
 
 # One module per command; each adds itself to the app (and imports its heavy parts lazily).
-for _module in (validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd):
+for _module in (
+    validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd, ops_cmd,
+):  # fmt: skip
     _module.register(app)
 
 validate = validate_cmd.validate_command
