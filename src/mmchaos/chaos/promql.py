@@ -129,6 +129,7 @@ _TOKEN = re.compile(
     )""",
     re.VERBOSE,
 )
+_ESCAPES = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t", "r": "\r"}
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -242,6 +243,18 @@ class _Parser:
             return self.selector(value if kind == "ident" else None)
         raise PromQLError(f"unexpected {value!r} in {self.expr!r}")
 
+    def unquote(self, raw: str) -> str:
+        """A string literal's value: Go's escapes that matter in label values; any other is refused
+        (Prometheus refuses ``"\\d"`` too: a regex's backslash is written ``"\\\\d"``)."""
+
+        def one(m: re.Match[str]) -> str:
+            c = m.group(1)
+            if c not in _ESCAPES:
+                raise PromQLError(f"unknown escape \\{c} in {raw} (write \\\\{c} for a backslash)")
+            return _ESCAPES[c]
+
+        return re.sub(r"\\(.)", one, raw[1:-1])
+
     def selector(self, name: str | None) -> Selector:
         matchers: list[tuple[str, str, str]] = [("__name__", "=", name)] if name else []
         if name is None or (self.peek() is not None and self.peek()[1] == "{"):  # type: ignore[index]
@@ -255,7 +268,7 @@ class _Parser:
                 kind, raw = self.take()
                 if kind != "str":
                     raise PromQLError(f"label values are quoted strings, in {self.expr!r}")
-                matchers.append((label, op, bytes(raw[1:-1], "utf-8").decode("unicode_escape")))
+                matchers.append((label, op, self.unquote(raw)))
                 if self.peek() is not None and self.peek()[1] == ",":  # type: ignore[index]
                     self.take(",")
             self.take("}")

@@ -125,3 +125,11 @@ def test_scrapes_become_promtool_input_on_a_grid_with_stale_markers() -> None:
     series, last = promtool_input(got, 0.25)
     assert series == [{"series": 'x{l="q\\"v"}', "values": "1.0 2.0 _ stale Inf"}]
     assert last == pytest.approx(1.0)
+
+
+def test_label_values_unescape_as_go_strings_do() -> None:
+    s = [Scrape(0.0, {frozenset({("__name__", "x"), ("path", "/v1/é"), ("code", "503")}): 1.0})]
+    assert evaluate('x{path="/v1/é"}', s)
+    assert evaluate('x{code=~"\\\\d+"}', s), "a regex backslash is written \\\\ inside the string"
+    with pytest.raises(PromQLError, match="unknown escape"):
+        evaluate('x{code=~"\\d+"}', s)
