@@ -141,10 +141,20 @@ def promtool_input(scrapes: Sequence[Scrape], interval_s: float) -> tuple[list[d
     return series, last * interval_s
 
 
+def _referenced(probes: Sequence[PromQLProbeSpec], scrapes: Sequence[Scrape]) -> list[Scrape]:
+    """Only the series whose name appears in some probe (every word of the expressions counts, so
+    this keeps a superset); all of them where a probe selects by ``__name__``. A real /metrics has
+    hundreds of series, and promtool reads every value of each."""
+    words = {w for p in probes for w in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", p.expr)}
+    if "__name__" in words:
+        return list(scrapes)
+    return [Scrape(s.t, {k: v for k, v in s.samples.items() if dict(k).get("__name__") in words}) for s in scrapes]
+
+
 def _promtool(probes: Sequence[PromQLProbeSpec], scrapes: Sequence[Scrape], interval_s: float) -> list[dict[str, Any]]:
     exe = promtool_path()
     assert exe is not None
-    series, eval_s = promtool_input(scrapes, interval_s)
+    series, eval_s = promtool_input(_referenced(probes, scrapes), interval_s)
     ms = max(1, round(interval_s * 1000))
     rules = {
         "groups": [
