@@ -133,3 +133,46 @@ def test_promtool_reports_an_alert_the_series_do_not_fire(tmp_path: Path) -> Non
     ]
     out = _promtool(tmp_path, series, cases)
     assert out.startswith("FAILED") and "MMChaosCircuitBreakerOpen" in out, out
+
+
+def test_the_alerts_read_the_series_a_real_server_exports(tmp_path: Path) -> None:
+    """The rules' metric names are the ones ``mmchaos serve`` exports: scrapes of a real server that
+    started with a model it was not pinned to (instance b:8000) and of a clean one (a:8000), fed to
+    promtool, fire the load-mismatch alert for b only and no breaker alert for either."""
+    import httpx
+
+    from mmchaos.chaos.promql import Scrape, parse_scrape
+    from mmchaos.chaos.promql_probe import promtool_input
+    from mmchaos.server import ServerConfig, ServerThread
+    from tests.fakes.server_targets import ControlledTarget
+    from tests.fakes.targets import HashEmbedTarget
+
+    def scrape(srv: ServerThread, instance: str, n: int) -> list[Scrape]:
+        out = []
+        with httpx.Client(base_url=srv.url) as c:
+            for i in range(n):
+                got = parse_scrape(i * INTERVAL_S, c.get("/metrics").text)
+                extra = {("instance", instance), ("job", "mmchaos")}
+                out.append(Scrape(got.t, {frozenset(k | extra): v for k, v in got.samples.items()}))
+        return out
+
+    pinned = ServerConfig(expected_fingerprint={"weights": "some-other-weights"})
+    with ServerThread(HashEmbedTarget()) as clean, ServerThread(ControlledTarget(), pinned) as bad:
+        with httpx.Client(base_url=clean.url) as c:
+            assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 200
+        scrapes = [
+            Scrape(a.t, {**a.samples, **b.samples})
+            for a, b in zip(scrape(clean, "a:8000", 5), scrape(bad, "b:8000", 5), strict=True)
+        ]
+    series, last_s = promtool_input(scrapes, INTERVAL_S)
+    names = {s["series"].split("{")[0] for s in series}
+    assert {"mmchaos_breaker_state", "mmchaos_model_load_mismatch_total"} <= names
+    mismatch = _expected("MMChaosModelLoadMismatch", instance="b:8000")
+    at = f"{round(last_s)}s"
+    cases = [
+        {"eval_time": at, "alertname": "MMChaosModelLoadMismatch", "exp_alerts": [mismatch]},
+        {"eval_time": at, "alertname": "MMChaosCircuitBreakerOpen", "exp_alerts": []},
+        {"eval_time": at, "alertname": "MMChaosDriftAlarm", "exp_alerts": []},
+    ]
+    out = _promtool(tmp_path, series, cases)
+    assert not out.startswith("FAILED"), out
