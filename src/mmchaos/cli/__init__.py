@@ -50,13 +50,13 @@ def _root(
 
 
 # One module per command; each adds itself to the app (and imports its heavy parts lazily).
-for _module in (
-    validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd, ops_cmd,
-):  # fmt: skip
+for _module in (validate_cmd, runs_cmd, report_cmd, list_cmd, export_cmd, perturb_cmd, proxy_cmd, serve_cmd, fuzz_cmd):
     _module.register(app)
 
 validate = validate_cmd.validate_command
 """The function behind ``mmchaos validate``, for introspection of its options."""
+
+ops_cmd.register(app)  # alert-rules, chaos-mesh
 
 
 def main(argv: list[str] | None = None) -> None:
