@@ -28,6 +28,7 @@ from mmchaos import __version__
 from mmchaos.chaos.budget import ErrorInspector, RequestLedger, budgeted_transports
 from mmchaos.chaos.deployment import Deployment
 from mmchaos.chaos.payloads import good_mix, traffic
+from mmchaos.chaos.promql_probe import PromQLProbes, describe_failures
 from mmchaos.chaos.sequential import stop_when_decided
 from mmchaos.chaos.spec import ExperimentContext, ServingParams
 from mmchaos.chaos.steady import explain_unmet
@@ -94,6 +95,7 @@ class Experiment:
         self._mix: PayloadMix | None = None
         self._tls: ssl.SSLContext | None = None
         self.teardown: dict[str, Any] = {}
+        self.promql: PromQLProbes | None = None
         self.journal: dict[str, Any] = {
             "mmchaos-version": __version__,
             "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
@@ -152,6 +154,9 @@ class Experiment:
         }
         self.journal["experiment"]["traffic"] = traffic(self.ctx, self.dep, self.params.payload)
         self._mix = good_mix(self.ctx, self.dep, self.params.payload)
+        if self.params.promql.probes:
+            self.promql = PromQLProbes(self.params.promql, self.dep.root, verify=self.tls)
+            self.promql.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -160,6 +165,8 @@ class Experiment:
         # experiment broke off) is stopped now; the next check starts a fresh one.
         after = self.journal["steady_states"]["after"]
         healthy = exc[0] is None and not self.stopped and (after is None or after["steady_state_met"])
+        if self.promql is not None:
+            self.journal["experiment"]["promql"] = self.promql.stop()
         self.teardown = self.dep.close(healthy=healthy)
         self.journal["rollbacks"].append(
             {
@@ -444,7 +451,9 @@ class Experiment:
             ph = self.phase(f"steady_state_{which}", seconds=self.params.baseline_s, guarded=True,
                             stop_when=self.decided())  # fmt: skip
         met = ph.met(self.slo)
-        if which == "after" and met and not self.stopped:
+        promql: dict[str, Any] = {}
+        probes_held = self._promql_probes(which, ph.label, promql)
+        if which == "after" and met and probes_held and not self.stopped:
             self.dep.remember_steady_state(ph, self.slo, self.ctx.check_id)
         self.journal["steady_states"][which] = {
             "steady_state_met": met,
@@ -464,21 +473,45 @@ class Experiment:
                 },
             ],
         }
+        entry = self.journal["steady_states"][which]
         if not met:
-            self.journal["steady_states"][which].update(explain_unmet(ph, self.slo, before=which == "before"))
+            entry.update(explain_unmet(ph, self.slo, before=which == "before"))
+        if promql:
+            entry["promql"] = promql["promql"]
+        if not probes_held:
+            met = entry["steady_state_met"] = False
+            entry["why"] = f"{entry['why']}; {promql['why']}" if entry.get("why") else promql["why"]
+            entry.setdefault("harness_problem", False)
         if which == "after" and not met:
             self.journal["deviated"] = True
         return ph
 
     def during(self, label: str, ph: Phase) -> None:
-        self.journal["steady_states"]["during"].append(
-            {
-                "phase": label,
-                "steady_state_met": ph.met(self.slo),
-                "success_rate": round(ph.success_rate, 4),
-                "p99_ms": ph.p99_ms,
-            }
-        )
+        entry = {
+            "phase": label,
+            "steady_state_met": ph.met(self.slo),
+            "success_rate": round(ph.success_rate, 4),
+            "p99_ms": ph.p99_ms,
+        }
+        self._promql_probes("during", label, entry)
+        self.journal["steady_states"]["during"].append(entry)
+
+    def _promql_probes(self, which: str, label: str, entry: dict[str, Any]) -> bool:
+        """The PromQL probes for ``which`` into ``entry`` (``promql``, and ``why`` or ``promql_failed``); False
+        when one failed (after: during any fault too, so a probe that failed during one deviates after)."""
+        if self.promql is None:
+            return True
+        results = self.promql.check(which, label)
+        if results:
+            entry["promql"] = results
+        if which == "after":
+            failed = [r for r in self.promql.failed if r["phase"] in ("during", "after")]
+        else:
+            failed = [r for r in results if not r["holds"]]
+        if not failed:
+            return True
+        entry["promql_failed" if which == "during" else "why"] = describe_failures(failed)
+        return False
 
     def recover(self, label: str, *, allowance_s: float = 0.0) -> tuple[Phase, float | None]:
         """Load from fresh connections until a window meets the SLO; the seconds from the fault's removal

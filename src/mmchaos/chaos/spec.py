@@ -7,10 +7,11 @@ imports :mod:`mmchaos.checks`: the checks depend on the engine, never the revers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mmchaos.chaos.promql import PromQLError, parse
 from mmchaos.server.config import ServerConfig
 
 if TYPE_CHECKING:
@@ -19,7 +20,17 @@ if TYPE_CHECKING:
     from mmchaos.data.base import Dataset
     from mmchaos.targets.base import Target
 
-__all__ = ["BudgetSpec", "ExperimentContext", "PayloadSpec", "SLOSpec", "SequentialSpec", "ServingParams", "Spec"]
+__all__ = [
+    "BudgetSpec",
+    "ExperimentContext",
+    "PayloadSpec",
+    "PromQLProbeSpec",
+    "PromQLSpec",
+    "SLOSpec",
+    "SequentialSpec",
+    "ServingParams",
+    "Spec",
+]
 
 
 class Spec(BaseModel):
@@ -80,6 +91,41 @@ class SequentialSpec(Spec):
     indifference: float = Field(5.0, gt=1.0, le=100.0, description="H1 rate / tolerated rate")
 
 
+ProbePhase = Literal["before", "during", "after"]
+
+
+class PromQLProbeSpec(Spec):
+    """A PromQL expression that must hold (return a non-empty vector) at the end of each named phase."""
+
+    expr: str = Field(min_length=1, max_length=2000, description="PromQL over the service's /metrics")
+    name: str = Field("", max_length=200, description="shown in the journal (default: the expression)")
+    phases: tuple[ProbePhase, ...] = Field(("before", "during", "after"), min_length=1)
+
+
+class PromQLSpec(Spec):
+    """PromQL steady-state probes on the service's ``/metrics``, scraped through the experiment
+    (see :mod:`mmchaos.chaos.promql_probe`); none by default, and then nothing is scraped."""
+
+    probes: tuple[PromQLProbeSpec, ...] = ()
+    engine: Literal["auto", "promtool", "python"] = Field(
+        "auto", description="promtool: Prometheus's engine; python: the documented subset; auto: promtool if on PATH"
+    )
+    scrape_interval_s: float = Field(0.25, ge=0.05, le=60.0, description="time between scrapes, s")
+    metrics_path: str = Field("/metrics", pattern=r"^/")
+    max_scrapes: int = Field(2000, ge=2, le=100_000, description="scrapes kept (the oldest dropped)")
+
+    @model_validator(mode="after")
+    def _subset_parses(self) -> PromQLSpec:
+        # The subset is checked up front only where it is the engine: promtool takes all of PromQL.
+        if self.engine == "python":
+            for p in self.probes:
+                try:
+                    parse(p.expr)
+                except PromQLError as exc:
+                    raise ValueError(f"probe {p.name or p.expr!r}: {exc}") from exc
+        return self
+
+
 class ExperimentContext(Protocol):
     """What an experiment needs from the check that runs it (a CheckContext satisfies this)."""
 
@@ -106,6 +152,7 @@ class ServingParams(BaseModel):
     max_recovery_s: float = Field(3.0, gt=0.0, le=3600.0, description="SLO must hold again within this, s")
     payload: PayloadSpec = Field(default_factory=lambda: PayloadSpec.model_validate({}))
     sequential: SequentialSpec = Field(default_factory=lambda: SequentialSpec.model_validate({}))
+    promql: PromQLSpec = Field(default_factory=lambda: PromQLSpec.model_validate({}))
     server: ServerConfig = Field(
         default_factory=lambda: ServerConfig.model_validate({}),
         description="the reference server the check starts for an in-process target (ignored for openai:)",

@@ -21,6 +21,7 @@ from mmchaos.cli import (
     export_cmd,
     fuzz_cmd,
     list_cmd,
+    ops_cmd,
     perturb_cmd,
     proxy_cmd,
     report_cmd,
@@ -66,6 +67,8 @@ for _module in (
 
 validate = validate_cmd.validate_command
 """The function behind ``mmchaos validate``, for introspection of its options."""
+
+ops_cmd.register(app)  # alert-rules, chaos-mesh
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from mmchaos._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from mmchaos.guard.alerts import guard_alert_group, serving_rules, serving_rules_yaml
     from mmchaos.guard.breaker import (
         BreakerConfig,
         BreakerState,
@@ -91,10 +92,14 @@ __all__ = [
     "compare_processors",
     "consistency_issues",
     "fingerprint",
+    "guard_alert_group",
     "prometheus_rules_yaml",
+    "serving_rules",
+    "serving_rules_yaml",
 ]
 
 _MODULE_OF = {
+    **dict.fromkeys(["guard_alert_group", "serving_rules", "serving_rules_yaml"], "mmchaos.guard.alerts"),
     **dict.fromkeys(
         [
             "BreakerConfig",

@@ -47,7 +47,10 @@ EXPECTED_ALL = [
     "compare_processors",
     "consistency_issues",
     "fingerprint",
+    "guard_alert_group",
     "prometheus_rules_yaml",
+    "serving_rules",
+    "serving_rules_yaml",
 ]
 
 
