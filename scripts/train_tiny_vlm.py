@@ -122,8 +122,9 @@ def batch_of(processor: Any, examples: list[Example]) -> dict[str, Any]:
     prompts = [prompt_of(processor, q, img is not None) for img, q, _, _ in examples]
     fulls = [p + " " + a + "</s>" for p, (_, _, a, _) in zip(prompts, examples, strict=True)]
     images = [img for img, _, _, _ in examples if img is not None]
-    processor.tokenizer.padding_side = "right"
-    kwargs: dict[str, Any] = {"return_tensors": "pt", "padding": True}
+    # Teacher forcing pads on the right (labels line up with the prompt); the saved tokenizer keeps
+    # the left padding generation needs, so only this call pads right.
+    kwargs: dict[str, Any] = {"return_tensors": "pt", "padding": True, "padding_side": "right"}
     if images:
         kwargs["images"] = images
     enc = processor(text=fulls, **kwargs)

@@ -76,9 +76,12 @@ def byte_tokenizer(specials: list[str], *, bos: str, eos: str, pad: str, named: 
     tok.decoder = decoders.ByteLevel()
     ordered = list(dict.fromkeys([bos, eos, pad, *specials, *(named or {}).values()]))
     tok.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in ordered])
+    # Saved with left padding, as the hub's VLM tokenizers are: decoder-only batches need it, and the
+    # hf: target pads as the tokenizer was saved (a right-padded copy is a deliberately broken fixture).
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens=dict(named or {})
-    )
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens=dict(named or {}),
+        padding_side="left",
+    )  # fmt: skip
 
 
 def _llama(vocab: int, **extra: Any) -> dict[str, Any]:
