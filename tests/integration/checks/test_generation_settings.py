@@ -14,7 +14,7 @@ from mmchaos.data.vqa import make_vqa
 from mmchaos.findings import Finding, Verdict
 from mmchaos.targets import load_target
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
-from tests.fakes.shipped_vlms import Edit, shipped_copy
+from tests.fakes.shipped_vlms import WRONG_EOS, Edit, shipped_copy
 from tests.support import run_check
 
 pytestmark = pytest.mark.integration
@@ -68,3 +68,44 @@ def test_generation_batch_invariance_passes_the_builtin_as_shipped(
 ) -> None:
     [finding] = run_check(GenerationBatchInvariance(BATCHES), shipped("none"), DATA)
     assert finding.verdict == Verdict.PASS, finding.title
+
+
+@pytest.mark.check_contract("fingerprint_match", "broken")
+def test_fingerprint_match_names_the_right_padded_tokenizer_with_the_fix(
+    shipped: Callable[[Edit], HFVisionLanguageTarget],
+) -> None:
+    finding = _fingerprint(shipped("right_padding"))
+    assert finding.verdict == Verdict.FAIL and finding.title.startswith("tokenizer does not belong"), finding.title
+    assert "padding_side 'right'" in finding.title
+    assert "padding_side 'left'" in (finding.suggestion or "")
+    assert finding.evidence["generation"]["padding_side"] == "right"
+
+
+# -- EOS and the other ids generate uses ---------------------------------------------------------------
+
+
+@pytest.mark.check_contract("fingerprint_match", "broken")
+def test_fingerprint_match_fails_a_generation_config_naming_the_wrong_eos(
+    shipped: Callable[[Edit], HFVisionLanguageTarget],
+) -> None:
+    finding = _fingerprint(shipped("wrong_eos"))
+    assert finding.verdict == Verdict.FAIL and finding.title.startswith("generation_config does not belong")
+    assert f"eos_token_id is {WRONG_EOS}" in finding.title and "id 257" in finding.title
+    problems = [p["problem"] for p in finding.evidence["problems"] if p["component"] == "generation_config"]
+    # what the model emits: it ends its answers with </s> (257), and generate runs on past it
+    assert any("greedy answers contain '</s>' (id 257) and run on" in p for p in problems), problems
+    emitted = finding.evidence["generation"]["emitted"]
+    assert emitted["ended_by_length"] == emitted["answers"] == 3
+    assert "eos_token_id to 257" in (finding.suggestion or "")
+
+
+@pytest.mark.check_contract("fingerprint_match", "clean")
+def test_fingerprint_match_passes_the_builtin_generation_settings(
+    shipped: Callable[[Edit], HFVisionLanguageTarget],
+) -> None:
+    finding = _fingerprint(shipped("none"))
+    assert finding.verdict == Verdict.PASS, finding.message
+    generation = finding.evidence["generation"]
+    assert generation["generation_config_eos"] == [257] and generation["padding_side"] == "left"
+    assert generation["emitted"] == {"answers": 3, "ended_by_length": 0, "end_tokens_run_past": {}}
+    assert "generation_config compared with the tokenizer, config and 3 greedy answers" in finding.title
