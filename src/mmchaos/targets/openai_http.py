@@ -611,6 +611,8 @@ class OpenAITarget(Target):
         extra: dict[str, object] = {"finish_reasons": raw, "id": body.get("id")}
         if emulated:
             extra["n_emulated_requests"] = emulated
+        elif isinstance(body.get("usage"), dict) and isinstance(body["usage"].get("completion_tokens"), int):
+            extra["completion_tokens"] = body["usage"]["completion_tokens"]  # all choices' tokens, as OpenAI counts
         return GenerationResult(
             completions=tuple(completion_of(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )

@@ -1,6 +1,9 @@
 """Generation settings as shipped: the built-in tiny VLM with one setting saved wrong (a right-padded
 tokenizer, a generation_config naming the wrong EOS) is tested as it ships, through the real loader,
-processor and ``generate``, and the checks that judge those settings fail it; the built-in passes."""
+processor and ``generate``, and the checks that judge those settings fail it; the built-in passes,
+in-process and served by ``mmchaos serve``'s server over ``openai:``. ``generation_semantics`` also
+meets a FAKE OpenAI server that drops ``max_tokens`` (real HTTP on loopback; the servers that do
+this cannot run here)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,13 @@ import pytest
 
 from mmchaos.checks.engine.generation_batch_invariance import GenerationBatchInvariance
 from mmchaos.checks.integration.fingerprint_match import FingerprintMatch, FingerprintMatchParams
+from mmchaos.checks.integration.generation_semantics import GenerationSemantics
 from mmchaos.data.vqa import make_vqa
 from mmchaos.findings import Finding, Verdict
-from mmchaos.targets import load_target
+from mmchaos.targets import TargetOptions, load_target
+from mmchaos.targets.base import Target
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+from tests.fakes.chat_vlm_server import OWN_MAX_TOKENS, ChatServerConfig, chat_vlm_server
 from tests.fakes.shipped_vlms import WRONG_EOS, Edit, shipped_copy
 from tests.support import run_check
 
@@ -109,3 +115,62 @@ def test_fingerprint_match_passes_the_builtin_generation_settings(
     assert generation["generation_config_eos"] == [257] and generation["padding_side"] == "left"
     assert generation["emitted"] == {"answers": 3, "ended_by_length": 0, "end_tokens_run_past": {}}
     assert "generation_config compared with the tokenizer, config and 3 greedy answers" in finding.title
+
+
+# -- generation_semantics ------------------------------------------------------------------------------
+
+
+def _semantics(target: Target) -> dict[str, Finding]:
+    return {f.evidence["part"]: f for f in run_check(GenerationSemantics(), target, DATA)}
+
+
+def _over_openai(url: str) -> dict[str, Finding]:
+    target = load_target(f"openai:{url}", TargetOptions())
+    try:
+        return _semantics(target)
+    finally:
+        target.close()
+
+
+PARTS = ("max_tokens", "stop", "n", "finish")
+
+
+@pytest.mark.check_contract("generation_semantics", "clean")
+def test_generation_semantics_passes_the_builtin_in_process_and_served(
+    shipped: Callable[[Edit], HFVisionLanguageTarget],
+) -> None:
+    from mmchaos.server import ServerThread
+
+    builtin = shipped("none")
+    local = _semantics(builtin)
+    assert {p: f.verdict for p, f in local.items()} == dict.fromkeys(PARTS, Verdict.PASS), [
+        f.title for f in local.values()
+    ]
+    with ServerThread(builtin) as srv:
+        served = _over_openai(srv.base_url)
+    assert {p: f.verdict for p, f in served.items()} == dict.fromkeys(PARTS, Verdict.PASS)
+    assert served["max_tokens"].metrics["uncounted"] == 0  # the server's logprobs count the tokens
+    assert served["stop"].metrics["cases"] == local["stop"].metrics["cases"] == 3
+
+
+@pytest.mark.check_contract("generation_semantics", "broken")
+def test_generation_semantics_fails_answers_that_run_past_a_wrong_eos(
+    shipped: Callable[[Edit], HFVisionLanguageTarget],
+) -> None:
+    finish = _semantics(shipped("wrong_eos"))["finish"]
+    assert finish.verdict == Verdict.FAIL and finish.title.startswith("answers run on: 3 of 3")
+
+
+@pytest.mark.check_contract("generation_semantics", "broken")
+def test_generation_semantics_fails_a_server_that_ignores_max_tokens() -> None:
+    with chat_vlm_server(ChatServerConfig(ignore_max_tokens=True)) as url:
+        found = _over_openai(url)
+    assert found["max_tokens"].verdict == Verdict.FAIL
+    assert f"{OWN_MAX_TOKENS} tokens for max_tokens 32" in found["max_tokens"].title
+    assert found["max_tokens"].metrics["violations"] == found["max_tokens"].metrics["cases"] == 9
+    with chat_vlm_server() as url:  # the same server honouring max_tokens: counted from its usage
+        clean = _over_openai(url)
+    assert {p: f.verdict for p, f in clean.items()} == dict.fromkeys(PARTS, Verdict.PASS), [
+        f.title for f in clean.values()
+    ]
+    assert "asked one at a time" in clean["n"].title  # it ignores n: the openai: target asks again, reported
