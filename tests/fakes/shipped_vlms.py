@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from mmchaos.targets.builtin import TINY_VLM_DIR
+from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 
-__all__ = ["WRONG_EOS", "Edit", "shipped_copy"]
+__all__ = ["WRONG_EOS", "Edit", "ShippedVLMs", "shipped_copy"]
 
 Edit = Literal["none", "right_padding", "wrong_eos", "chat_template", "fp16"]
 
@@ -55,3 +57,24 @@ def shipped_copy(dst: Path, edit: Edit, *, eos: int | list[int] = WRONG_EOS) -> 
                   metadata={"format": "pt"})  # fmt: skip
         _edit_json(dst / "config.json", dtype="float16")
     return dst
+
+
+class ShippedVLMs:
+    """Loads one ``hf:`` copy per edit on first use (for a module fixture), and closes them all."""
+
+    def __init__(self, mktemp: Callable[[str], Path]) -> None:
+        self._mktemp = mktemp
+        self._loaded: dict[str, HFVisionLanguageTarget] = {}
+
+    def __call__(self, edit: Edit) -> HFVisionLanguageTarget:
+        if edit not in self._loaded:
+            from mmchaos.targets import load_target
+
+            target = load_target(f"hf:{shipped_copy(self._mktemp(edit), edit)}")
+            assert isinstance(target, HFVisionLanguageTarget)
+            self._loaded[edit] = target
+        return self._loaded[edit]
+
+    def close(self) -> None:
+        for target in self._loaded.values():
+            target.close()

@@ -7,7 +7,7 @@ this cannot run here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +20,7 @@ from mmchaos.targets import TargetOptions, load_target
 from mmchaos.targets.base import Target
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from tests.fakes.chat_vlm_server import OWN_MAX_TOKENS, ChatServerConfig, chat_vlm_server
-from tests.fakes.shipped_vlms import WRONG_EOS, Edit, shipped_copy
+from tests.fakes.shipped_vlms import WRONG_EOS, ShippedVLMs
 from tests.support import run_check
 
 pytestmark = pytest.mark.integration
@@ -30,20 +30,11 @@ BATCHES = GenerationBatchInvariance.Params(probes=1, runs=2)
 
 
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Edit], HFVisionLanguageTarget]]:
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShippedVLMs]:
     """One loaded copy of the built-in tiny VLM per edit, for this module."""
-    loaded: dict[str, HFVisionLanguageTarget] = {}
-
-    def get(edit: Edit) -> HFVisionLanguageTarget:
-        if edit not in loaded:
-            target = load_target(f"hf:{shipped_copy(tmp_path_factory.mktemp(edit), edit)}")
-            assert isinstance(target, HFVisionLanguageTarget)
-            loaded[edit] = target
-        return loaded[edit]
-
-    yield get
-    for target in loaded.values():
-        target.close()
+    loaded = ShippedVLMs(tmp_path_factory.mktemp)
+    yield loaded
+    loaded.close()
 
 
 def _fingerprint(target: HFVisionLanguageTarget) -> Finding:
@@ -54,14 +45,14 @@ def _fingerprint(target: HFVisionLanguageTarget) -> Finding:
 # -- padding side --------------------------------------------------------------------------------
 
 
-def test_the_hf_target_pads_as_the_tokenizer_was_saved(shipped: Callable[[Edit], HFVisionLanguageTarget]) -> None:
+def test_the_hf_target_pads_as_the_tokenizer_was_saved(shipped: ShippedVLMs) -> None:
     assert shipped("none").padding_side == "left"
     assert shipped("right_padding").padding_side == "right"
 
 
 @pytest.mark.check_contract("generation_batch_invariance", "broken")
 def test_generation_batch_invariance_fails_a_vlm_shipped_right_padded(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     [finding] = run_check(GenerationBatchInvariance(BATCHES), shipped("right_padding"), DATA)
     assert finding.verdict == Verdict.FAIL, finding.title
@@ -70,7 +61,7 @@ def test_generation_batch_invariance_fails_a_vlm_shipped_right_padded(
 
 @pytest.mark.check_contract("generation_batch_invariance", "clean")
 def test_generation_batch_invariance_passes_the_builtin_as_shipped(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     [finding] = run_check(GenerationBatchInvariance(BATCHES), shipped("none"), DATA)
     assert finding.verdict == Verdict.PASS, finding.title
@@ -78,7 +69,7 @@ def test_generation_batch_invariance_passes_the_builtin_as_shipped(
 
 @pytest.mark.check_contract("fingerprint_match", "broken")
 def test_fingerprint_match_names_the_right_padded_tokenizer_with_the_fix(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     finding = _fingerprint(shipped("right_padding"))
     assert finding.verdict == Verdict.FAIL and finding.title.startswith("tokenizer does not belong"), finding.title
@@ -92,7 +83,7 @@ def test_fingerprint_match_names_the_right_padded_tokenizer_with_the_fix(
 
 @pytest.mark.check_contract("fingerprint_match", "broken")
 def test_fingerprint_match_fails_a_generation_config_naming_the_wrong_eos(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     finding = _fingerprint(shipped("wrong_eos"))
     assert finding.verdict == Verdict.FAIL and finding.title.startswith("generation_config does not belong")
@@ -107,7 +98,7 @@ def test_fingerprint_match_fails_a_generation_config_naming_the_wrong_eos(
 
 @pytest.mark.check_contract("fingerprint_match", "clean")
 def test_fingerprint_match_passes_the_builtin_generation_settings(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     finding = _fingerprint(shipped("none"))
     assert finding.verdict == Verdict.PASS, finding.message
@@ -137,7 +128,7 @@ PARTS = ("max_tokens", "stop", "n", "finish")
 
 @pytest.mark.check_contract("generation_semantics", "clean")
 def test_generation_semantics_passes_the_builtin_in_process_and_served(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     from mmchaos.server import ServerThread
 
@@ -155,7 +146,7 @@ def test_generation_semantics_passes_the_builtin_in_process_and_served(
 
 @pytest.mark.check_contract("generation_semantics", "broken")
 def test_generation_semantics_fails_answers_that_run_past_a_wrong_eos(
-    shipped: Callable[[Edit], HFVisionLanguageTarget],
+    shipped: ShippedVLMs,
 ) -> None:
     finish = _semantics(shipped("wrong_eos"))["finish"]
     assert finish.verdict == Verdict.FAIL and finish.title.startswith("answers run on: 3 of 3")
