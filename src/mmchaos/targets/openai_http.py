@@ -90,6 +90,8 @@ from mmchaos.targets.options import SchemeOptions, takes_options
 __all__ = ["EndpointError", "OpenAIOptions", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
+_LOGPROB_FIELDS = frozenset({"logprobs", "top_logprobs"})
+"""What a server that refuses logprobs is asked again without."""
 
 HTTP_CAPABILITIES = frozenset(
     {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
@@ -584,6 +586,8 @@ class OpenAITarget(Target):
             payload["user"] = params.user
         if params.stop:
             payload["stop"] = list(params.stop)
+        if params.logprobs and params.top_logprobs:
+            payload["top_logprobs"] = params.top_logprobs
         return payload
 
     def generate(
@@ -648,7 +652,7 @@ class OpenAITarget(Target):
         """POST a chat request; a server that refuses ``logprobs`` is asked again without it, once,
         and remembered (logprobs are then None)."""
         if not self.chat_logprobs:
-            payload = {k: v for k, v in payload.items() if k != "logprobs"}
+            payload = {k: v for k, v in payload.items() if k not in _LOGPROB_FIELDS}
         try:
             return self._post("/chat/completions", payload)
         except TargetCallError as exc:
@@ -656,7 +660,7 @@ class OpenAITarget(Target):
                 raise
             log.info("%s refuses logprobs; asking without them from now on", self.base_url)
             self.chat_logprobs = False
-            return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
+            return self._post("/chat/completions", {k: v for k, v in payload.items() if k not in _LOGPROB_FIELDS})
 
     def generate_stream(
         self,
@@ -673,6 +677,7 @@ class OpenAITarget(Target):
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         payload = self._chat_payload(prompt, images, params)
         payload.pop("logprobs")  # a stream carries text deltas only
+        payload.pop("top_logprobs", None)
         payload["stream"] = True
         content = json.dumps(payload, separators=(",", ":")).encode("ascii")
         path = "/chat/completions"

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from mmchaos.checks.base import CheckContext
 from mmchaos.checks.integration.reference_parity import ReferenceParity
 from mmchaos.data import load_dataset
 from mmchaos.findings import Finding, Verdict
+from mmchaos.server import ServerThread
 from mmchaos.targets import TargetOptions, load_target
 from mmchaos.targets.base import Target
+from mmchaos.targets.generation import GenerationParams, Message
+from mmchaos.targets.openai_wire import chat_content, completion_of
+from mmchaos.tasks.parity import compare_tokens
 from tests.fakes.shipped_vlms import ShippedVLMs
 
 pytestmark = pytest.mark.integration
@@ -79,8 +84,6 @@ def test_an_fp16_downcast_copy_passes_with_its_deviation_reported(shipped: Shipp
 
 @pytest.mark.check_contract("reference_parity", "clean")
 def test_the_checkpoint_served_over_openai_passes(shipped: ShippedVLMs) -> None:
-    from mmchaos.server import ServerThread
-
     reference = shipped("none")
     with ServerThread(load_target("builtin:tiny-vlm")) as srv:
         served = load_target(f"openai:{srv.base_url}", TargetOptions())
@@ -92,3 +95,24 @@ def test_the_checkpoint_served_over_openai_passes(shipped: ShippedVLMs) -> None:
         f.title for f in found.values()
     ]
     assert found["greedy"].metrics["max_prompt_token_diff"] == 0
+
+
+def test_the_server_gives_top_logprobs_that_parity_can_judge_by(shipped: ShippedVLMs) -> None:
+    """mmchaos serve answers ``top_logprobs`` (vLLM's ``token_id:N`` form on request): what
+    ``check_logprobs_close`` needs over HTTP, the same numbers the checkpoint gives in process."""
+    checkpoint = shipped("none")
+    sample = DATA[0]
+    local = checkpoint.generate(sample.question or "", [sample.load_image()],
+                                GenerationParams(max_new_tokens=8, top_logprobs=3)).completions[0]  # fmt: skip
+    content = chat_content(Message("user", (sample.load_image(), sample.question or "")))
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0,
+            "logprobs": True, "top_logprobs": 3, "return_tokens_as_token_ids": True}  # fmt: skip
+    with ServerThread(checkpoint) as srv:
+        answer = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=60)
+        refused = httpx.post(f"{srv.base_url}/chat/completions", json={**body, "logprobs": False}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    served = completion_of(answer.json()["choices"][0])
+    assert served.token_ids == local.token_ids and served.top_logprobs is not None
+    assert all(len(step) == 3 and chosen in step for step, chosen in zip(served.top_logprobs, served.token_ids or ()))
+    assert compare_tokens(served, local).equal
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_generation_params"

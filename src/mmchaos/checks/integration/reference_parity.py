@@ -62,7 +62,7 @@ class ReferenceParityGate(Gate):
     )
     max_prompt_token_diff: int = Field(0, ge=0, description="prompt tokens (image tokens included) may differ by")
     max_logprob_deviation: float = Field(
-        0.5, ge=0.0, description="mean |chosen-token logprob difference| over the tokens both chose (fp16 tiny VLM: 1e-5)"
+        0.5, ge=0.0, description="mean |chosen-token logprob difference| over the tokens both chose (fp16: 1e-5)"
     )
 
 

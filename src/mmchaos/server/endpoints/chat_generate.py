@@ -79,6 +79,8 @@ def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> Gen
             f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}, got {temperature!r}",
             code="bad_generation_params", param="temperature",
         )  # fmt: skip
+    if body.top_logprobs and not body.logprobs:
+        raise ServerError("top_logprobs needs logprobs: true", code="bad_generation_params", param="top_logprobs")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
         return GenerationParams(
@@ -89,6 +91,7 @@ def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> Gen
             stop=stop,
             n=body.n,
             logprobs=body.logprobs,
+            top_logprobs=body.top_logprobs or 0,
         )
     except TargetCallError as err:  # the request's sampling fields, refused by their own check
         raise ServerError(err.message, code=err.code, origin="request") from None
@@ -134,32 +137,54 @@ def _check_generation(out: Any, n: int) -> GenerationResult:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class TokenTexts:
+    """A completion's tokens as text, and at each step its top tokens (text, logprob), best first."""
+
+    chosen: list[str]
+    top: list[list[tuple[str, float]]]
+
+
 def generate_job(
     server: GuardedServer, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
-) -> tuple[GenerationResult, list[list[str]] | None]:
-    """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
-    model lock, as ``token_id:N`` with ``token_ids``)."""
+) -> tuple[GenerationResult, list[TokenTexts] | None]:
+    """The answer, and with ``params.logprobs`` each completion's tokens (and top tokens, with
+    ``params.top_logprobs``) as text, decoded under the model lock, as ``token_id:N`` with ``token_ids``."""
     messages = chat_messages(server, turns, cancel)
 
-    def call(m: list[Message]) -> tuple[GenerationResult, list[list[str]] | None]:
+    def call(m: list[Message]) -> tuple[GenerationResult, list[TokenTexts] | None]:
         result = _check_generation(server.target.generate(m, (), params), params.n)
         if not params.logprobs:
             return result, None
-        texts = [server.model.token_texts(c.token_ids or (), token_ids) for c in result.completions[: params.n]]
+        texts = []
+        for c in result.completions[: params.n]:
+            top = []
+            for step in (c.top_logprobs or ())[: len(c.token_ids or ())] if params.top_logprobs else ():
+                ranked = sorted(step.items(), key=lambda kv: -kv[1])[: params.top_logprobs]
+                names = server.model.token_texts([i for i, _ in ranked], token_ids)
+                top.append([(name, float(v)) for name, (_, v) in zip(names, ranked, strict=True)])
+            texts.append(TokenTexts(server.model.token_texts(c.token_ids or (), token_ids), top))
         return result, texts
 
-    answer: tuple[GenerationResult, list[list[str]] | None] = server.model.call("chat", call, messages, as_is, cancel)
+    answer: tuple[GenerationResult, list[TokenTexts] | None] = server.model.call("chat", call, messages, as_is, cancel)
     return answer
 
 
-def _logprobs(completion: Any, tokens: Sequence[str]) -> dict[str, Any] | None:
+def _finite(lp: float) -> float:
+    return float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
+
+
+def _logprobs(completion: Any, tokens: TokenTexts) -> dict[str, Any] | None:
     if completion.logprobs is None:
         return None
-    names = list(tokens) if len(tokens) == len(completion.logprobs) else [""] * len(completion.logprobs)
+    n = len(completion.logprobs)
+    names = tokens.chosen if len(tokens.chosen) == n else [""] * n
+    tops = tokens.top if len(tokens.top) == n else [[] for _ in range(n)]
     entries = []
-    for token, lp in zip(names, completion.logprobs, strict=True):
-        value = float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
-        entries.append({"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []})
+    for token, lp, top in zip(names, completion.logprobs, tops, strict=True):
+        alternatives = [{"token": t, "logprob": _finite(v), "bytes": list(t.encode())} for t, v in top]
+        entries.append({"token": token, "logprob": _finite(lp), "bytes": list(token.encode()),
+                        "top_logprobs": alternatives})  # fmt: skip
     return {"content": entries}
 
 
