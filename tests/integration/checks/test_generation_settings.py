@@ -57,6 +57,8 @@ def test_generation_batch_invariance_fails_a_vlm_shipped_right_padded(
     [finding] = run_check(GenerationBatchInvariance(BATCHES), shipped("right_padding"), DATA)
     assert finding.verdict == Verdict.FAIL, finding.title
     assert finding.metrics["mismatched_probes"] == 1
+    assert finding.title.endswith("the target pads batches on the right, as its tokenizer was saved")
+    assert (finding.suggestion or "").startswith("save the tokenizer with padding_side 'left'")
 
 
 @pytest.mark.check_contract("generation_batch_invariance", "clean")
