@@ -49,7 +49,8 @@ def test_a_generation_config_naming_the_wrong_eos_fails_naming_stop_tokens(shipp
     greedy = found["greedy"]
     assert greedy.verdict is Verdict.FAIL and "stop/EOS tokens differ" in greedy.title, greedy.title
     assert greedy.metrics["deployment_length_share"] == 1.0 and greedy.metrics["reference_length_share"] == 0.0
-    assert found["vqa:"].verdict is Verdict.FAIL and found["vqa:"].metrics["deployment"] == 0.0
+    vqa = found["vqa:"]  # the task score names what the generation findings found
+    assert vqa.verdict is Verdict.FAIL and vqa.metrics["deployment"] == 0.0 and "stop/EOS tokens differ" in vqa.title
     assert "eos_token_id" in (greedy.suggestion or "")
 
 
@@ -63,6 +64,7 @@ def test_right_padded_batching_fails_naming_the_padding_side(shipped: ShippedVLM
     ), batched.title
     assert batched.metrics["batched_greedy_match"] < 0.9 <= batched.metrics["alone_greedy_match"]
     assert "padding_side 'left'" in (batched.suggestion or "")
+    assert found["vqa:"].verdict is Verdict.FAIL and found["vqa:"].evidence["cause"] == batched.evidence["cause"]
 
 
 @pytest.mark.check_contract("reference_parity", "broken")

@@ -118,15 +118,21 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
         if Capability.EMBED_TEXT in shared:
             texts = [s.caption or s.label or s.question or s.id for s in data]
             yield self._embeddings(ctx, ref, "text", texts, ctx.target.embed_texts, ref.embed_texts, [])
-        score = self._task_score(ctx, ref, data, variants)
-        if score is not None:
-            yield score
+        named: tuple[str, str] | None = None  # a cause the generation findings named, for the task score
         if Capability.GENERATE in shared and data.has_questions:
             asked = ctx.dataset.sample(self.params.generate_samples, ctx.seed)
             theirs = self._answers(ref, asked)
             alone = self._generation(ctx, ref, asked, variants, theirs)
+            batched = self._batched(ctx, ref, asked, alone, theirs)
             yield alone
-            yield self._batched(ctx, ref, asked, alone, theirs)
+            yield batched
+            for f in (alone, batched):
+                causes = f.evidence.get("causes") or ([f.evidence["cause"]] if "cause" in f.evidence else [])
+                if named is None and causes:
+                    named = (str(causes[0]), f.suggestion or "")
+        score = self._task_score(ctx, ref, data, variants, named)
+        if score is not None:
+            yield score
 
     # -- embeddings -----------------------------------------------------------------------------------
 
@@ -189,8 +195,15 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
     # -- the task metric ---------------------------------------------------------------------------------
 
     def _task_score(
-        self, ctx: CheckContext, ref: Target, data: Dataset, variants: Sequence[ImageVariant]
+        self,
+        ctx: CheckContext,
+        ref: Target,
+        data: Dataset,
+        variants: Sequence[ImageVariant],
+        named: tuple[str, str] | None = None,
     ) -> Finding | None:
+        """The task metric on both; a drop past the gate names the cause the generation findings
+        named (``named``: name, fix), else the image variant the reference scores like this with."""
         name = tasks.default_task("image", ref, data)
         if name is None or not tasks.REGISTRY.get(name).supports(ctx.target, data):
             return None
@@ -204,20 +217,20 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
         label = f"{task.metric_name or name} {mine.metric:.3f} vs the reference's {theirs.metric:.3f}"
         if drop <= self.gate.max_score_drop:
             return self.finding(ctx, Verdict.PASS, f"{name}: {label}", metrics=metrics, evidence={"task": name})
-        cause = None
-        if data.has_images:
+        cause = named
+        if data.has_images and cause is None:
             for v in variants:  # the reference scored on a broken pipeline's images: which one scores like this?
                 fed = task.evaluate(ref, data, images=v.transform(list(data.images())))
                 metrics[f"reference_if:{v.name}"] = fed.metric
                 if abs(task.quality(fed.metric) - task.quality(mine.metric)) <= self.gate.max_score_drop:
-                    cause = v
+                    cause = (v.name, v.fix)
                     break
         return self.finding(
-            ctx, Verdict.FAIL, f"{name}: {label}" + (f" ({cause.name})" if cause else ""), severity=Severity.HIGH,
-            metrics=metrics, evidence={"task": name, **({"cause": cause.name} if cause else {})},
+            ctx, Verdict.FAIL, f"{name}: {label}" + (f" ({cause[0]})" if cause else ""), severity=Severity.HIGH,
+            metrics=metrics, evidence={"task": name, **({"cause": cause[0]} if cause else {})},
             message=f"{len(data)} labelled samples; the deployment loses {drop:.3f} of the reference's quality "
             f"(gate {self.gate.max_score_drop})",
-            suggestion=cause.fix if cause else "find where the deployment's pipeline departs from the checkpoint's",
+            suggestion=cause[1] if cause else "find where the deployment's pipeline departs from the checkpoint's",
         )  # fmt: skip
 
     # -- generation --------------------------------------------------------------------------------------
