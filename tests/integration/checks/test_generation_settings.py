@@ -167,3 +167,20 @@ def test_generation_semantics_fails_a_server_that_ignores_max_tokens() -> None:
         f.title for f in clean.values()
     ]
     assert "asked one at a time" in clean["n"].title  # it ignores n: the openai: target asks again, reported
+
+
+def test_fingerprint_match_over_openai_reads_the_served_directorys_generation_config(shipped: ShippedVLMs) -> None:
+    """An openai: target exposes no model: with ``model_dir`` the directory it serves is compared
+    (what vLLM's ``--generation-config auto`` applies), statically."""
+    from mmchaos.server import ServerThread
+
+    broken = shipped("wrong_eos")
+    with ServerThread(broken) as srv:
+        target = load_target(f"openai:{srv.base_url}", TargetOptions())
+        try:
+            params = FingerprintMatchParams(model_dir=str(broken.path), probe=False)
+            (finding,) = run_check(FingerprintMatch(params), target, DATA)
+        finally:
+            target.close()
+    assert finding.verdict == Verdict.FAIL and finding.title.startswith("generation_config does not belong")
+    assert "emitted" not in finding.evidence["generation"] and "padding_side" not in finding.evidence["generation"]

@@ -18,16 +18,18 @@ Each problem comes with the fix to suggest. Used by ``fingerprint_match``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmchaos._lazy import require
 from mmchaos.errors import MMChaosError
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, Message
 
-__all__ = ["GenerationSettings", "generation_settings", "id_set", "settings_problems"]
+__all__ = ["GenerationSettings", "directory_settings", "generation_settings", "id_set", "settings_problems"]
 
 COMPONENT = "generation_config"
 _DEFAULTS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "max_length",
@@ -171,4 +173,30 @@ def generation_settings(
                              "lengths this decoder-only model generates after the shorter prompts' padding",
                 "save the tokenizer with padding_side 'left' (tokenizer.padding_side = 'left'; "
                 "tokenizer.save_pretrained(dir)), as decoder-only batched generation needs")  # fmt: skip
+    return out
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def directory_settings(directory: Path) -> GenerationSettings:
+    """The static comparison for a model directory a server serves (``fingerprint_match``'s
+    ``model_dir`` for an ``openai:`` target): its ``generation_config.json`` (what vLLM's
+    ``--generation-config auto`` and transformers apply) against its config and tokenizer. Padding
+    and emitted tokens are not judged: a server batches without the tokenizer's padding, and
+    gives no token ids to read."""
+    generation = _json(directory / "generation_config.json")
+    if not generation:
+        return GenerationSettings()
+    try:
+        tokenizer = require("transformers").AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception:  # a directory whose tokenizer does not load is found by the processor comparison
+        return GenerationSettings()
+    out = settings_problems(generation, _json(directory / "config.json"), tokenizer)
+    out.facts["generation_config_file"] = str(directory / "generation_config.json")
     return out

@@ -43,7 +43,7 @@ from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.checks.engine.generation_inputs import probe_requests
-from mmchaos.checks.integration._generation_settings import generation_settings
+from mmchaos.checks.integration._generation_settings import directory_settings, generation_settings
 from mmchaos.errors import ConfigError, MMChaosError
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Fingerprint, Target
@@ -292,12 +292,15 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
             lines.append(line)
             requests = probe_requests(ctx, p.generate_probes)[0] if p.generate_probes else []
             settings = generation_settings(target, requests)
+            if not settings.facts and p.model_dir is not None:  # a server: the directory it serves
+                settings = directory_settings(Path(p.model_dir).expanduser())
             if settings.facts:
                 problems += settings.problems
                 fixes += settings.fixes
                 evidence["generation"] = settings.facts
-                answers = settings.facts.get("emitted", {}).get("answers", 0)
-                lines.append(f"generation_config compared with the tokenizer, config and {answers} greedy answers")
+                emitted = settings.facts.get("emitted")
+                against = f"{emitted['answers']} greedy answers" if emitted else "model_dir's files"
+                lines.append(f"generation_config compared with the tokenizer, config and {against}")
         unfit = getattr(target, "processor_unfit", None)
         if p.probe and unfit:
             lines.append("zero-shot probe not run: the processor does not fit the model")
