@@ -13,13 +13,13 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
 - ``cache="prompt_text"``: a response cache keyed on the request's text alone (its images, ``user``,
   ``seed`` and ``max_tokens`` ignored): the second image under one question gets the first's answer;
 - ``leak_slots``: a stream whose client leaves keeps its slot forever (generation never aborted);
-- ``stale_image="first"``: every turn of a chat is answered about the chat's first image;
-- ``ignore_max_tokens``: the request's ``max_tokens`` is dropped, every answer runs to the server's
-  own limit (:data:`OWN_MAX_TOKENS`) and says ``finish_reason: "stop"``.
-
-``stop`` strings end the (non-streamed) answer before the first one, as OpenAI's API says.
+- ``stale_image="first"``: every turn of a chat is answered about the chat's first image.
 
 Real HTTP on 127.0.0.1 (``http.server``), so the checks' real clients, JSON and SSE code run.
+
+``ignore_max_tokens`` drops the request's ``max_tokens``: every answer runs to the server's own
+limit (:data:`OWN_MAX_TOKENS`) and says ``finish_reason: "stop"``. ``stop`` strings end the
+(non-streamed) answer before the first one, as OpenAI's API says.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class ChatServerConfig:
     cache: Literal["none", "prompt_text"] = "none"
     leak_slots: bool = False
     stale_image: Literal["none", "first"] = "none"
-    ignore_max_tokens: bool = False
     slots: int = 4
+    ignore_max_tokens: bool = False
     token_delay_s: float = 0.002
     """Seconds between two streamed deltas (the model's decode time per token)."""
     model: str = "blackbox-vlm"

@@ -138,10 +138,9 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                    "max_distinct_completions": float(distinct),
                    "earliest_divergence": float(min(divergences)) if divergences else -1.0,
                    "max_logprob_deviation": max(r["max_logprob_deviation"] for r in per_probe)}  # fmt: skip
-        side = getattr(unwrap(ctx.target), "padding_side", None)
         evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe,
-                                    "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES],
-                                    "padding_side": side}  # fmt: skip
+                                    "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES]}  # fmt: skip
+        side = evidence["padding_side"] = getattr(unwrap(ctx.target), "padding_side", None)
         gate = (
             f"mismatched probes <= {g.max_mismatched_probes}, distinct completions per probe <= "
             f"{g.max_distinct_completions}"

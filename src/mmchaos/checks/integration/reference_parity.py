@@ -285,8 +285,8 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
                 "reference": theirs[first].text,
                 "finish": {"deployment": ends[first][0], "reference": ends[first][1]},
             }
-        prompt_bad = metrics["max_prompt_token_diff"] > self.gate.max_prompt_token_diff
         causes = self._generation_causes(metrics, ends)
+        prompt_bad = metrics["max_prompt_token_diff"] > self.gate.max_prompt_token_diff
         if prompt_bad:
             causes.append(self._prompt_cause(ctx.target, ref, data, evidence))
         drift = metrics.get("mean_logprob_deviation", 0.0)
@@ -301,9 +301,7 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
                 ctx, Verdict.PASS,
                 f"greedy answers agree with the reference on {share:.0%} of {len(rows)} prompts{deviation}",
                 metrics=metrics, evidence=evidence,
-                message=f"exact token match {metrics['exact_match']:.0%}; the rest near-ties (check_logprobs_close); "
-                f"a logprob deviation within {self.gate.max_logprob_deviation:g} is what a precision change (fp16 vs "
-                "fp32) makes",
+                message=f"exact token match {metrics['exact_match']:.0%}; the rest near-ties (check_logprobs_close)",
             )  # fmt: skip
         if share < self.gate.min_greedy_match and data.has_images and not causes:
             cause = self._image_cause(ref, data, mine, variants, share, metrics)
