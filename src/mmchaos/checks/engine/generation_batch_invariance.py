@@ -140,11 +140,11 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                    "max_logprob_deviation": max(r["max_logprob_deviation"] for r in per_probe)}  # fmt: skip
         evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe,
                                     "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES]}  # fmt: skip
-        side = evidence["padding_side"] = getattr(unwrap(ctx.target), "padding_side", None)
         gate = (
             f"mismatched probes <= {g.max_mismatched_probes}, distinct completions per probe <= "
             f"{g.max_distinct_completions}"
         )
+        side = evidence["padding_side"] = getattr(unwrap(ctx.target), "padding_side", None)
         if len(bad) <= g.max_mismatched_probes and distinct <= g.max_distinct_completions:
             yield self.finding(
                 ctx, Verdict.PASS,
