@@ -137,52 +137,58 @@ def _check_generation(out: Any, n: int) -> GenerationResult:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class TokenTexts:
-    """A completion's tokens as text, and at each step its top tokens (text, logprob), best first."""
-
-    chosen: list[str]
-    top: list[list[tuple[str, float]]]
-
-
 def generate_job(
     server: GuardedServer, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
-) -> tuple[GenerationResult, list[TokenTexts] | None]:
-    """The answer, and with ``params.logprobs`` each completion's tokens (and top tokens, with
-    ``params.top_logprobs``) as text, decoded under the model lock, as ``token_id:N`` with ``token_ids``."""
+) -> tuple[GenerationResult, list[list[str]] | None]:
+    """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
+    model lock, as ``token_id:N`` with ``token_ids``)."""
     messages = chat_messages(server, turns, cancel)
 
-    def call(m: list[Message]) -> tuple[GenerationResult, list[TokenTexts] | None]:
+    def call(m: list[Message]) -> tuple[GenerationResult, list[list[str]] | None]:
         result = _check_generation(server.target.generate(m, (), params), params.n)
         if not params.logprobs:
             return result, None
-        texts = []
-        for c in result.completions[: params.n]:
-            top = []
-            for step in (c.top_logprobs or ())[: len(c.token_ids or ())] if params.top_logprobs else ():
-                ranked = sorted(step.items(), key=lambda kv: -kv[1])[: params.top_logprobs]
-                names = server.model.token_texts([i for i, _ in ranked], token_ids)
-                top.append([(name, float(v)) for name, (_, v) in zip(names, ranked, strict=True)])
-            texts.append(TokenTexts(server.model.token_texts(c.token_ids or (), token_ids), top))
+        texts = [_token_texts(server, c, params, token_ids) for c in result.completions[: params.n]]
         return result, texts
 
-    answer: tuple[GenerationResult, list[TokenTexts] | None] = server.model.call("chat", call, messages, as_is, cancel)
+    answer: tuple[GenerationResult, list[list[str]] | None] = server.model.call("chat", call, messages, as_is, cancel)
     return answer
+
+
+class _TokenTexts(list[str]):
+    """A completion's tokens as text, and ``top``: at each step its most likely tokens (text,
+    logprob), best first, where ``top_logprobs`` asked for them."""
+
+    top: list[list[tuple[str, float]]]
+
+
+def _token_texts(server: GuardedServer, completion: Any, params: GenerationParams, as_ids: bool) -> list[str]:
+    """``completion``'s tokens, and with ``params.top_logprobs`` its top tokens, as text by the
+    target's tokenizer (``token_id:N`` with ``as_ids``); called under the model lock."""
+    texts = _TokenTexts(server.model.token_texts(completion.token_ids or (), as_ids))
+    texts.top = []
+    if params.top_logprobs:
+        for step in (completion.top_logprobs or ())[: len(completion.token_ids or ())]:
+            ranked = sorted(step.items(), key=lambda kv: -kv[1])[: params.top_logprobs]
+            names = server.model.token_texts([i for i, _ in ranked], as_ids)
+            texts.top.append([(name, float(v)) for name, (_, v) in zip(names, ranked, strict=True)])
+    return texts
 
 
 def _finite(lp: float) -> float:
     return float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
 
 
-def _logprobs(completion: Any, tokens: TokenTexts) -> dict[str, Any] | None:
+def _logprobs(completion: Any, tokens: Sequence[str]) -> dict[str, Any] | None:
     if completion.logprobs is None:
         return None
     n = len(completion.logprobs)
-    names = tokens.chosen if len(tokens.chosen) == n else [""] * n
-    tops = tokens.top if len(tokens.top) == n else [[] for _ in range(n)]
+    names = list(tokens) if len(tokens) == n else [""] * n
+    top = getattr(tokens, "top", None) or []
+    tops = top if len(top) == n else [[] for _ in range(n)]
     entries = []
-    for token, lp, top in zip(names, completion.logprobs, tops, strict=True):
-        alternatives = [{"token": t, "logprob": _finite(v), "bytes": list(t.encode())} for t, v in top]
+    for token, lp, ranked in zip(names, completion.logprobs, tops, strict=True):
+        alternatives = [{"token": t, "logprob": _finite(v), "bytes": list(t.encode())} for t, v in ranked]
         entries.append({"token": token, "logprob": _finite(lp), "bytes": list(token.encode()),
                         "top_logprobs": alternatives})  # fmt: skip
     return {"content": entries}
