@@ -56,7 +56,7 @@ import transformers  # noqa: E402
 
 from mmchaos.data.vqa import KINDS, NONE_ANSWERS, NUMBERS, QUESTIONS, make_vqa, make_vqa_sample  # noqa: E402
 from mmchaos.targets.builtin import TINY_CLIP_DIR  # noqa: E402
-from mmchaos.targets.tiny_vlms import byte_tokenizer, chat_template  # noqa: E402
+from mmchaos.targets.tiny_vlms import byte_tokenizer, chat_template, pad_left  # noqa: E402
 
 __all__ = ["NUMBERS", "QUESTIONS", "batch_of", "build", "evaluate", "make_example", "prepare", "train"]
 
@@ -290,6 +290,7 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     processor.save_pretrained(args.out)
+    pad_left(args.out)  # generation batches pad left; the teacher-forcing call above pads right itself
     metrics = evaluate(args.out, args.eval_n, args.seed)
     total = time.monotonic() - begin
     record = {

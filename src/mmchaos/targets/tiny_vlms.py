@@ -76,12 +76,9 @@ def byte_tokenizer(specials: list[str], *, bos: str, eos: str, pad: str, named: 
     tok.decoder = decoders.ByteLevel()
     ordered = list(dict.fromkeys([bos, eos, pad, *specials, *(named or {}).values()]))
     tok.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in ordered])
-    # Saved with left padding, as the hub's VLM tokenizers are: decoder-only batches need it, and the
-    # hf: target pads as the tokenizer was saved (a right-padded copy is a deliberately broken fixture).
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens=dict(named or {}),
-        padding_side="left",
-    )  # fmt: skip
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, extra_special_tokens=dict(named or {})
+    )
 
 
 def _llama(vocab: int, **extra: Any) -> dict[str, Any]:
@@ -351,4 +348,18 @@ def build_tiny_vlm(family: str, out: str | Path, *, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         FAMILIES[family](path)
+    pad_left(path)
     return path
+
+
+def pad_left(directory: Path) -> None:
+    """Save ``directory``'s tokenizer with left padding (where it names no side), as the hub's VLM
+    tokenizers are saved: decoder-only batches need it, and the ``hf:`` target pads as the tokenizer
+    was saved (a right-padded copy is a deliberately broken fixture, not the default)."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "padding_side" not in config:
+        config["padding_side"] = "left"
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
