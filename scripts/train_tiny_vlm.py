@@ -56,7 +56,7 @@ import transformers  # noqa: E402
 
 from mmchaos.data.vqa import KINDS, NONE_ANSWERS, NUMBERS, QUESTIONS, make_vqa, make_vqa_sample  # noqa: E402
 from mmchaos.targets.builtin import TINY_CLIP_DIR  # noqa: E402
-from mmchaos.targets.tiny_vlms import byte_tokenizer, chat_template  # noqa: E402
+from mmchaos.targets.tiny_vlms import byte_tokenizer, chat_template, pad_left  # noqa: E402
 
 __all__ = ["NUMBERS", "QUESTIONS", "batch_of", "build", "evaluate", "make_example", "prepare", "train"]
 
@@ -122,8 +122,9 @@ def batch_of(processor: Any, examples: list[Example]) -> dict[str, Any]:
     prompts = [prompt_of(processor, q, img is not None) for img, q, _, _ in examples]
     fulls = [p + " " + a + "</s>" for p, (_, _, a, _) in zip(prompts, examples, strict=True)]
     images = [img for img, _, _, _ in examples if img is not None]
-    processor.tokenizer.padding_side = "right"
-    kwargs: dict[str, Any] = {"return_tensors": "pt", "padding": True}
+    # Teacher forcing pads on the right (labels line up with the prompt); the saved tokenizer keeps
+    # the left padding generation needs, so only this call pads right.
+    kwargs: dict[str, Any] = {"return_tensors": "pt", "padding": True, "padding_side": "right"}
     if images:
         kwargs["images"] = images
     enc = processor(text=fulls, **kwargs)
@@ -289,6 +290,7 @@ def train(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     processor.save_pretrained(args.out)
+    pad_left(args.out)  # generation batches pad left; the teacher-forcing call above pads right itself
     metrics = evaluate(args.out, args.eval_n, args.seed)
     total = time.monotonic() - begin
     record = {

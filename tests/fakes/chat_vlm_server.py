@@ -25,6 +25,10 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
   behind a server that does not say so): only a client that checks how a stream ends can tell.
 
 Real HTTP on 127.0.0.1 (``http.server``), so the checks' real clients, JSON and SSE code run.
+
+``ignore_max_tokens`` drops the request's ``max_tokens``: every answer runs to the server's own
+limit (:data:`OWN_MAX_TOKENS`) and says ``finish_reason: "stop"``. ``stop`` strings end the
+(non-streamed) answer before the first one, as OpenAI's API says.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ from PIL import Image
 from tests.fakes.openai_server import JSONHandler
 from tests.fakes.vlm import PixelVQATarget, question_kind
 
-__all__ = ["ChatServerConfig", "chat_vlm_server"]
+__all__ = ["OWN_MAX_TOKENS", "ChatServerConfig", "chat_vlm_server"]
+
+OWN_MAX_TOKENS = 64
+"""The limit a server that ignores ``max_tokens`` generates to."""
 
 _READER = PixelVQATarget()
 
@@ -62,6 +69,7 @@ class ChatServerConfig:
     drop_every: int = 0
     stale_after_left: int = 0
     slots: int = 4
+    ignore_max_tokens: bool = False
     token_delay_s: float = 0.002
     """Seconds between two streamed deltas (the model's decode time per token)."""
     model: str = "blackbox-vlm"
@@ -150,10 +158,14 @@ class _Handler(JSONHandler):
                 keep_slot = self._stream(words, finish)
             else:
                 text = " ".join(words)
+                stops = [body["stop"]] if isinstance(body.get("stop"), str) else body.get("stop") or []
+                cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+                if cuts:
+                    text, finish = text[: min(cuts)], "stop"
                 self._send(200, {"id": "chatcmpl-bb", "object": "chat.completion", "model": config.model,
                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                               "finish_reason": finish}],
-                                 "usage": {"prompt_tokens": 9, "completion_tokens": len(words)}})  # fmt: skip
+                                 "usage": {"prompt_tokens": 9, "completion_tokens": len(text.split())}})  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             self._error(400, f"bad request: {exc}")
         finally:
@@ -163,7 +175,7 @@ class _Handler(JSONHandler):
     def _answer(self, body: dict[str, Any]) -> tuple[list[str], str]:
         config = self.server.config
         images, question, all_text = _turns(body)
-        max_tokens = int(body.get("max_tokens") or 16)
+        max_tokens = OWN_MAX_TOKENS if config.ignore_max_tokens else int(body.get("max_tokens") or 16)
         if config.cache == "prompt_text":
             with self.server.lock:
                 hit = self.server.cache.get(all_text)
@@ -174,6 +186,8 @@ class _Handler(JSONHandler):
         if self.server.stale is not None:
             image = self.server.stale
         answer = _words(image, question, max_tokens)
+        if config.ignore_max_tokens:
+            answer = (answer[0], "stop")
         if config.cache == "prompt_text":
             with self.server.lock:
                 self.server.cache.setdefault(all_text, answer)

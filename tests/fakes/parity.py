@@ -69,3 +69,27 @@ def renormalised_clip(dst: Path, mean: Sequence[float], std: Sequence[float]) ->
         (cfg.get("image_processor") or cfg).update(image_mean=list(mean), image_std=list(std))
         path.write_text(json.dumps(cfg))
     return dst
+
+
+class BatchShiftedWords(WordsTarget):
+    """Broken: alone it answers as the checkpoint does; inside a batch every answer but the longest
+    prompt's is shifted by one word (what padding on the wrong side does to the shorter rows)."""
+
+    def generate_batch(
+        self, requests: Sequence[str | Sequence[Message]], params: GenerationParams | None = None
+    ) -> list[GenerationResult]:
+        import dataclasses
+
+        answers = [self.generate(r, (), params) for r in requests]
+        shifted = []
+        for a in answers:
+            c = a.completions[0]
+            words = ["pad", *c.text.split()][: len(c.text.split())]
+            ids = tuple(sum(map(ord, w)) for w in words)
+            shifted.append(dataclasses.replace(a, completions=(dataclasses.replace(c, text=" ".join(words),
+                                                                                   token_ids=ids),)))  # fmt: skip
+        return shifted
+
+
+def words_batch_shifted() -> Target:
+    return BatchShiftedWords()

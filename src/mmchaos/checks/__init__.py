@@ -31,6 +31,7 @@ for _name, _spec in {
     "modality_coverage": "mmchaos.checks.integration.modality_coverage:ModalityCoverage",
     "image_cache_isolation": "mmchaos.checks.integration.image_cache_isolation:ImageCacheIsolation",
     "multi_turn_consistency": "mmchaos.checks.integration.multi_turn_consistency:MultiTurnConsistency",
+    "generation_semantics": "mmchaos.checks.integration.generation_semantics:GenerationSemantics",
     "serving_faults": "mmchaos.checks.serving.faults:ServingFaults",
     "serving_poison": "mmchaos.checks.serving.poison:ServingPoison",
     "serving_overload": "mmchaos.checks.serving.overload:ServingOverload",

@@ -133,6 +133,9 @@ class ChatCompletionRequest(_Lenient):
     seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: StrictStr | list[StrictStr] | None = None
     logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="the most likely tokens at each step (needs logprobs: true)"
+    )
     return_tokens_as_token_ids: StrictBool = False
     user: str | None = None
 

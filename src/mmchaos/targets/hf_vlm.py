@@ -39,7 +39,7 @@ from mmchaos.targets.generation import (
 from mmchaos.targets.hub import directory_fingerprint, drop_length_notice, quiet_transformers, read_config
 from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
 
-__all__ = ["HFVisionLanguageTarget", "is_generative_config"]
+__all__ = ["HFVisionLanguageTarget", "is_generative_config", "saved_padding_side"]
 
 _GENERATIVE_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "ForImageTextToText", "ForVision2Seq")
 
@@ -67,6 +67,12 @@ def is_generative_config(config: dict[str, Any]) -> bool:
         return arch.endswith(_GENERATIVE_SUFFIXES) or arch in _image_text_to_text_names()[1]
     names, _ = _image_text_to_text_names()
     return str(config.get("model_type", "")) in names and "text_config" in config and "vision_config" in config
+
+
+def saved_padding_side(tokenizer: Any) -> Literal["left", "right"]:
+    """The side the tokenizer pads on as saved (``tokenizer_config.json``'s ``padding_side``, else
+    the tokenizer class's default, which transformers' generic fast tokenizer has as right)."""
+    return "left" if getattr(tokenizer, "padding_side", "right") == "left" else "right"
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -176,9 +182,11 @@ class HFVisionLanguageTarget(Target):
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         self.context_tokens: int | None = int(positions) if positions else None
         """The model's positions: a prompt plus ``max_new_tokens`` past them is refused, as vLLM does."""
-        self.padding_side: Literal["left", "right"] = "left"
-        """Where batched prompts are padded: left, as decoder-only generation needs (a right-padded
-        batch is the classic bug the padding checks look for)."""
+        self.padding_side: Literal["left", "right"] = saved_padding_side(self.tokenizer)
+        """Where batched prompts are padded: as the tokenizer was saved, so a batch runs as the
+        artefact ships. Decoder-only generation needs left; a tokenizer saved with right padding
+        (the LLaVA-NeXT bug class) is reported by ``fingerprint_match`` and shows in
+        ``generation_batch_invariance``, never silently overridden here."""
         self._lock = threading.Lock()  # seeded sampling forks the global torch RNG: one call at a time
         self._fingerprint: Fingerprint | None = None
 

@@ -91,6 +91,8 @@ from mmchaos.targets.options import SchemeOptions, takes_options
 __all__ = ["EndpointError", "OpenAIOptions", "OpenAITarget", "check_endpoint", "load_openai", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
+_LOGPROB_FIELDS = frozenset({"logprobs", "top_logprobs"})
+"""What a server that refuses logprobs is asked again without."""
 
 HTTP_CAPABILITIES = frozenset(
     {Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.READ_TEXT, Capability.GENERATE}
@@ -605,6 +607,8 @@ class OpenAITarget(Target):
             payload["user"] = params.user
         if params.stop:
             payload["stop"] = list(params.stop)
+        if params.logprobs and params.top_logprobs:
+            payload["top_logprobs"] = params.top_logprobs
         return payload
 
     def generate(
@@ -632,6 +636,8 @@ class OpenAITarget(Target):
         extra: dict[str, object] = {"finish_reasons": raw, "id": body.get("id")}
         if emulated:
             extra["n_emulated_requests"] = emulated
+        elif isinstance(body.get("usage"), dict) and isinstance(body["usage"].get("completion_tokens"), int):
+            extra["completion_tokens"] = body["usage"]["completion_tokens"]  # all choices' tokens, as OpenAI counts
         return GenerationResult(
             completions=tuple(completion_of(c) for c in choices[: params.n]), prompt_tokens=prompt_tokens, extra=extra
         )
@@ -667,7 +673,7 @@ class OpenAITarget(Target):
         """POST a chat request; a server that refuses ``logprobs`` is asked again without it, once,
         and remembered (logprobs are then None)."""
         if not self.chat_logprobs:
-            payload = {k: v for k, v in payload.items() if k != "logprobs"}
+            payload = {k: v for k, v in payload.items() if k not in _LOGPROB_FIELDS}
         try:
             return self._post("/chat/completions", payload)
         except TargetCallError as exc:
@@ -675,7 +681,7 @@ class OpenAITarget(Target):
                 raise
             log.info("%s refuses logprobs; asking without them from now on", self.base_url)
             self.chat_logprobs = False
-            return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
+            return self._post("/chat/completions", {k: v for k, v in payload.items() if k not in _LOGPROB_FIELDS})
 
     def generate_stream(
         self,
@@ -692,6 +698,7 @@ class OpenAITarget(Target):
             raise TargetCallError("streaming gives one completion; use n=1", code="bad_generation_params")
         payload = self._chat_payload(prompt, images, params)
         payload.pop("logprobs")  # a stream carries text deltas only
+        payload.pop("top_logprobs", None)
         payload["stream"] = True
         content = json.dumps(payload, separators=(",", ":")).encode("ascii")
         path = "/chat/completions"

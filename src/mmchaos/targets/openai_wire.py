@@ -130,17 +130,30 @@ def completion_of(choice: dict[str, Any]) -> Completion:
     ``return_tokens_as_token_ids`` gives tokens as ``token_id:N``, SGLang a ``token_id`` field)."""
     content = choice["message"].get("content")
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
-    logprobs = ids = None
+    logprobs = ids = tops = None
     entries = (choice.get("logprobs") or {}).get("content")
     if isinstance(entries, list):
         logprobs = tuple(float(e["logprob"]) for e in entries)
-        matches = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
-        if entries and all(matches):
-            ids = tuple(int(m.group(1)) for m in matches if m)
-        elif entries and all(isinstance(e.get("token_id"), int) for e in entries):
-            ids = tuple(int(e["token_id"]) for e in entries)
+        ids = _token_ids(entries)
+        alternatives = [e.get("top_logprobs") for e in entries]
+        if ids is not None and entries and all(isinstance(a, list) and a for a in alternatives):
+            top_ids = [_token_ids(a) for a in alternatives]
+            if all(t is not None for t in top_ids):
+                tops = tuple({i: float(x["logprob"]) for i, x in zip(t or (), a, strict=True)}
+                             for t, a in zip(top_ids, alternatives, strict=True))  # fmt: skip
     return Completion(text="" if content is None else str(content), finish_reason=finish, token_ids=ids,
-                      logprobs=logprobs)  # fmt: skip
+                      logprobs=logprobs, top_logprobs=tops)  # fmt: skip
+
+
+def _token_ids(entries: list[dict[str, Any]]) -> tuple[int, ...] | None:
+    """The token ids of logprob entries, where the server names them (vLLM's ``token_id:N``
+    tokens, SGLang's ``token_id`` field); None where it gives only token texts."""
+    matches = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
+    if entries and all(matches):
+        return tuple(int(m.group(1)) for m in matches if m)
+    if entries and all(isinstance(e.get("token_id"), int) for e in entries):
+        return tuple(int(e["token_id"]) for e in entries)
+    return None
 
 
 def choices_of(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:

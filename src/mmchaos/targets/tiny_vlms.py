@@ -614,4 +614,18 @@ def build_tiny_vlm(family: str, out: str | Path, *, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         FAMILIES[family](path)
+    pad_left(path)
     return path
+
+
+def pad_left(directory: Path) -> None:
+    """Save ``directory``'s tokenizer with left padding (where it names no side), as the hub's VLM
+    tokenizers are saved: decoder-only batches need it, and the ``hf:`` target pads as the tokenizer
+    was saved (a right-padded copy is a deliberately broken fixture, not the default)."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "padding_side" not in config:
+        config["padding_side"] = "left"
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.targets.generation import Completion
+from mmchaos.targets.generation import Completion, GenerationResult
 
 __all__ = [
     "NORMALISATIONS",
@@ -25,6 +25,7 @@ __all__ = [
     "compare_tokens",
     "cosines",
     "image_variants",
+    "logprob_deviations",
     "renormalised",
     "swapped_channels",
 ]
@@ -151,3 +152,18 @@ def compare_tokens(a: Completion, b: Completion) -> TokenComparison:
     elif not equal:
         close = False  # one side stopped where the other went on: no logprob makes that a near-tie
     return TokenComparison(equal, first, agreement, close, a.finish_reason == b.finish_reason)
+
+
+def logprob_deviations(a: GenerationResult, b: GenerationResult) -> list[float]:
+    """|chosen-token logprob difference| at each step where both chose the same token (compared by
+    token ids where both give them, else by position up to the first divergence); [] without
+    logprobs on both sides."""
+    x, y = a.completions[0], b.completions[0]
+    if x.logprobs is None or y.logprobs is None:
+        return []
+    n = min(len(x.logprobs), len(y.logprobs))
+    if x.token_ids is not None and y.token_ids is not None:
+        n = next((i for i, (p, q) in enumerate(zip(x.token_ids, y.token_ids, strict=False)) if p != q), n)
+    elif x.text != y.text:
+        return []  # without ids, equal texts are the only proof the tokens were the same
+    return [abs(float(p) - float(q)) for p, q in zip(x.logprobs[:n], y.logprobs[:n], strict=True)]

@@ -37,6 +37,8 @@ SUITE: dict[str, Any] = {
                                               "max_new_tokens": 4}},
         {"check": "determinism", "params": {"cross_process": False, "generate_requests": 3, "seeds": [0]}},
         {"check": "fingerprint_match", "params": {"model_dir": str(TINY_VLM_DIR), "probe": False}},
+        {"check": "generation_semantics", "params": {"requests": 2, "max_tokens": [1], "long_max_tokens": 16,
+                                                      "max_new_tokens": 16}},
         {"check": "serving_streaming", "params": {"requests": 2, "load_requests": 4, "concurrency": 2}},
     ],
 }  # fmt: skip
@@ -106,6 +108,8 @@ def test_validate_over_http_matches_in_process_on_the_builtin_vlm(
     assert {check for check, _ in a} == {c["check"] for c in SUITE["checks"]}
     assert {k: f["verdict"] for k, f in a.items()} == {k: f["verdict"] for k, f in b.items()}
     assert local_code == http_code
+    semantics = [f["verdict"] for (check, _), f in b.items() if check == "generation_semantics"]
+    assert semantics == ["pass"] * 4, "mmchaos serve honours max_tokens, stop and n, and its answers end by EOS"
     streaming = [f for (check, _), f in b.items() if check == "serving_streaming"]
     assert [f["title"].split(":")[0] for f in streaming][::2] == ["streaming equivalence", "disconnect mid-stream"]
     drift = {}

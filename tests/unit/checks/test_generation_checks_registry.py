@@ -17,6 +17,7 @@ GENERATION_CHECKS = {
     "image_context_boundary": Step.ENGINE,
     "image_cache_isolation": Step.INTEGRATION,
     "multi_turn_consistency": Step.INTEGRATION,
+    "generation_semantics": Step.INTEGRATION,
 }
 
 
@@ -33,4 +34,10 @@ def test_prelaunch_runs_every_generation_check() -> None:
     names = {c.check for c in load_suite("prelaunch").checks}
     assert set(GENERATION_CHECKS) <= names
     quick = {c.check for c in load_suite("quick").checks}
-    assert {"generation_batch_invariance", "image_token_consistency", "image_cache_isolation"} <= quick
+    assert {
+        "generation_batch_invariance",
+        "image_token_consistency",
+        "image_cache_isolation",
+        "generation_semantics",
+    } <= quick
+    assert "generation_semantics" in {c.check for c in load_suite("serving").checks}

@@ -75,3 +75,23 @@ def test_renormalisation_emulates_the_wrong_pipeline_exactly() -> None:
     got = (fed / 255.0 - m) / s  # what the reference's model sees
     want = img / 255.0  # what the broken pipeline feeds its model
     assert np.abs(got - want).max() < 0.5 / 255 / s.min() + 1e-9
+
+
+@pytest.mark.check_contract("reference_parity", "broken")
+def test_a_deployment_that_parts_only_when_batched_fails_the_batched_finding() -> None:
+    findings = {f.title.split(" ")[0]: f for f in _run(fp.words_batch_shifted(), fp.words(), "builtin:vqa?n=12")}
+    assert findings["greedy"].verdict is Verdict.PASS
+    batched = findings["batched"]
+    assert batched.verdict is Verdict.FAIL and "batching changes the answers" in batched.title
+    assert batched.metrics["alone_greedy_match"] == 1.0 and batched.metrics["batched_greedy_match"] == 0.0
+
+
+def test_logprob_deviation_is_measured_over_the_tokens_both_chose() -> None:
+    from mmchaos.targets.generation import GenerationResult
+    from mmchaos.tasks.parity import logprob_deviations
+
+    a = GenerationResult((Completion("x y z", "stop", token_ids=(1, 2, 3), logprobs=(-0.1, -0.2, -0.3)),))
+    b = GenerationResult((Completion("x y w", "stop", token_ids=(1, 2, 4), logprobs=(-0.15, -0.2, -5.0)),))
+    assert logprob_deviations(a, b) == pytest.approx([0.05, 0.0])  # the third token differs: not compared
+    bare = GenerationResult((Completion("x y z", "stop"),))
+    assert logprob_deviations(a, bare) == []

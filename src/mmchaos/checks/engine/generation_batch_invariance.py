@@ -10,7 +10,9 @@ run must give the alone tokens exactly. Reported per probe: whether the tokens m
 divergent position, and the number of distinct completions over the runs (the measure public work
 on nondeterministic LLM inference uses); the largest logprob deviation is reported for information.
 Typical causes of a failure: right padding, pad tokens that leak into attention or positions (or
-into a pooled visual feature), and kernels whose reduction order depends on the batch shape.
+into a pooled visual feature), and kernels whose reduction order depends on the batch shape. An
+``hf:`` target batches with the padding side its tokenizer was saved with, so a checkpoint shipped
+right-padded is tested as it ships; the finding then names that side and the fix.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mmchaos.checks.logprobs import LogprobsTally
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
 from mmchaos.targets.generation import Completion, GenerationParams, Message
+from mmchaos.targets.wrappers import unwrap
 
 __all__ = ["NEIGHBOUR_SIZES", "GenerationBatchInvariance"]
 
@@ -162,6 +165,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             f"mismatched probes <= {g.max_mismatched_probes}, distinct completions per probe <= "
             f"{g.max_distinct_completions}"
         )
+        side = evidence["padding_side"] = getattr(unwrap(ctx.target), "padding_side", None)
         if len(bad) <= g.max_mismatched_probes and distinct <= g.max_distinct_completions:
             yield self.finding(
                 ctx, Verdict.PASS,
@@ -170,14 +174,17 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                 metrics=metrics, gate=gate, evidence=evidence,
             )  # fmt: skip
             return
+        right = side == "right"
         yield self.finding(
             ctx, Verdict.FAIL,
             f"batching changes greedy output: {len(bad)} of {len(probes)} probes differ from alone (first divergence "
             f"at token {int(metrics['earliest_divergence'])}; up to {distinct} distinct completions over "
-            f"{p.runs + 1} runs)",
+            f"{p.runs + 1} runs)" + ("; the target pads batches on the right, as its tokenizer was saved" if right
+                                     else ""),
             severity=Severity.HIGH, metrics=metrics, gate=gate, evidence=evidence,
             message="a request's answer depends on what it is batched with",
-            suggestion="pad on the left for decoder-only generation, pass the attention mask and position ids of "
-            "padded rows (visual tokens of images of other sizes included), and use batch-invariant kernels (or "
-            "fixed batch shapes) where exact answers matter",
+            suggestion=("save the tokenizer with padding_side 'left' (decoder-only generation needs it); " if right
+                        else "") + "pad on the left for decoder-only generation, pass the attention mask and "
+            "position ids of padded rows (visual tokens of images of other sizes included), and use batch-invariant "
+            "kernels (or fixed batch shapes) where exact answers matter",
         )  # fmt: skip

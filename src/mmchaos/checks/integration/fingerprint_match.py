@@ -18,7 +18,11 @@ at fault:
   request becomes tokens (image token, image size, patch size, image-token count settings, the
   template's hash) where the target exposes its processor, and on any backend the prompt tokens it
   reports for a text request and a one-image request against what the directory's own template and
-  processor make of them (a served ``--chat-template`` or ``preprocessor_config.json`` that differs).
+  processor make of them (a served ``--chat-template`` or ``preprocessor_config.json`` that differs);
+* a generative model's shipped generation settings (:mod:`._generation_settings`): the EOS, pad and
+  BOS ids of ``generation_config`` (what ``generate`` stops on) against the tokenizer and config,
+  EOS ids it bans, greedy answers that run past the tokenizer's EOS, and a decoder-only tokenizer
+  saved with right padding; each with its fix.
 
 Zero-shot accuracy against chance is reported but not gated by default: an untrained or
 off-domain model that is packaged correctly is near chance too (``min_accuracy_over_chance``
@@ -38,6 +42,8 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
+from mmchaos.checks.engine.generation_inputs import probe_requests
+from mmchaos.checks.integration._generation_settings import directory_settings, generation_settings
 from mmchaos.errors import ConfigError, MMChaosError
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Fingerprint, Target
@@ -51,6 +57,10 @@ _COMPONENTS = ("weights", "tokenizer", "processor", "config")
 _EITHER = "the tokenizer or the processor"
 _TEMPLATE = "chat template"
 _VLM_QUESTION = "What colour is the shape?"
+_SHIP_AS_ONE = (
+    "ship tokenizer, processor, config and weights as one versioned artefact and refuse to load pairs whose "
+    "fingerprints were not validated together"
+)
 
 
 def _model_config(target: Target) -> dict[str, Any]:
@@ -220,6 +230,12 @@ class FingerprintMatchParams(Params):
         description="generative VLMs: the model directory whose chat template and processor the served ones must "
         "match; by default the hf: target's own directory",
     )
+    generate_probes: int = Field(
+        default=3,
+        ge=0,
+        le=16,
+        description="generative models: greedy answers read for end tokens generate runs past (0: static only)",
+    )
 
 
 class FingerprintMatchGate(Gate):
@@ -249,6 +265,7 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
         current = target.fingerprint()
         recorded = _load_lock(p.lock) if p.lock else target.recorded_fingerprint()
         problems: list[tuple[str, str]] = []
+        fixes: list[str] = []
         evidence: dict[str, Any] = {"current": current.to_dict(include_digest=False), "seed": ctx.seed}
         lines: list[str] = []
         if recorded is not None:
@@ -273,6 +290,17 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
             problems += vlm_problems
             evidence["vlm"] = vlm_facts
             lines.append(line)
+            requests = probe_requests(ctx, p.generate_probes)[0] if p.generate_probes else []
+            settings = generation_settings(target, requests)
+            if not settings.facts and p.model_dir is not None:  # a server: the directory it serves
+                settings = directory_settings(Path(p.model_dir).expanduser())
+            if settings.facts:
+                problems += settings.problems
+                fixes += settings.fixes
+                evidence["generation"] = settings.facts
+                emitted = settings.facts.get("emitted")
+                against = f"{emitted['answers']} greedy answers" if emitted else "model_dir's files"
+                lines.append(f"generation_config compared with the tokenizer, config and {against}")
         unfit = getattr(target, "processor_unfit", None)
         if p.probe and unfit:
             lines.append("zero-shot probe not run: the processor does not fit the model")
@@ -334,8 +362,7 @@ class FingerprintMatch(Check[FingerprintMatchParams, FingerprintMatchGate]):
             metrics=metrics,
             gate=gate,
             message="; ".join(m for _, m in problems)[:1000],
-            suggestion="ship tokenizer, processor, config and weights as one versioned artefact and refuse to load "
-            "pairs whose fingerprints were not validated together",
+            suggestion="; ".join(fixes if len(fixes) == len(problems) else [*fixes, _SHIP_AS_ONE]),
             evidence=evidence,
         )
 

@@ -84,6 +84,8 @@ def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> Gen
             f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}, got {temperature!r}",
             code="bad_generation_params", param="temperature",
         )  # fmt: skip
+    if body.top_logprobs and not body.logprobs:
+        raise ServerError("top_logprobs needs logprobs: true", code="bad_generation_params", param="top_logprobs")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
         return GenerationParams(
@@ -94,6 +96,7 @@ def generation_params(body: ChatCompletionRequest, server: GuardedServer) -> Gen
             stop=stop,
             n=body.n,
             logprobs=body.logprobs,
+            top_logprobs=body.top_logprobs or 0,
         )
     except TargetCallError as err:  # the request's sampling fields, refused by their own check
         raise ServerError(err.message, code=err.code, origin="request") from None
@@ -178,7 +181,7 @@ def generate_answers(
             result = _check_generation(result, own.n)
             texts = None
             if own.logprobs:
-                texts = [server.model.token_texts(c.token_ids or (), token_ids) for c in result.completions[: own.n]]
+                texts = [_token_texts(server, c, own, token_ids) for c in result.completions[: own.n]]
             answers.append((result, texts))
         return answers
 
@@ -201,14 +204,42 @@ def generate_job(
     return answer
 
 
+class _TokenTexts(list[str]):
+    """A completion's tokens as text, and ``top``: at each step its most likely tokens (text,
+    logprob), best first, where ``top_logprobs`` asked for them."""
+
+    top: list[list[tuple[str, float]]]
+
+
+def _token_texts(server: GuardedServer, completion: Any, params: GenerationParams, as_ids: bool) -> list[str]:
+    """``completion``'s tokens, and with ``params.top_logprobs`` its top tokens, as text by the
+    target's tokenizer (``token_id:N`` with ``as_ids``); called under the model lock."""
+    texts = _TokenTexts(server.model.token_texts(completion.token_ids or (), as_ids))
+    texts.top = []
+    if params.top_logprobs:
+        for step in (completion.top_logprobs or ())[: len(completion.token_ids or ())]:
+            ranked = sorted(step.items(), key=lambda kv: -kv[1])[: params.top_logprobs]
+            names = server.model.token_texts([i for i, _ in ranked], as_ids)
+            texts.top.append([(name, float(v)) for name, (_, v) in zip(names, ranked, strict=True)])
+    return texts
+
+
+def _finite(lp: float) -> float:
+    return float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
+
+
 def _logprobs(completion: Any, tokens: Sequence[str]) -> dict[str, Any] | None:
     if completion.logprobs is None:
         return None
-    names = list(tokens) if len(tokens) == len(completion.logprobs) else [""] * len(completion.logprobs)
+    n = len(completion.logprobs)
+    names = list(tokens) if len(tokens) == n else [""] * n
+    top = getattr(tokens, "top", None) or []
+    tops = top if len(top) == n else [[] for _ in range(n)]
     entries = []
-    for token, lp in zip(names, completion.logprobs, strict=True):
-        value = float(lp) if math.isfinite(lp) else _NEG_INF_LOGPROB
-        entries.append({"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []})
+    for token, lp, ranked in zip(names, completion.logprobs, tops, strict=True):
+        alternatives = [{"token": t, "logprob": _finite(v), "bytes": list(t.encode())} for t, v in ranked]
+        entries.append({"token": token, "logprob": _finite(lp), "bytes": list(token.encode()),
+                        "top_logprobs": alternatives})  # fmt: skip
     return {"content": entries}
 
 
