@@ -135,6 +135,21 @@ def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alia
     assert (ours != rounded).mean() > 0.2  # truncated as before, not rounded
 
 
+def test_filter2d_dft_path_correlates_as_filter2d_on_any_kernel_and_channel_count() -> None:
+    """The DFT path (130 taps and up) is filter2D's correlation with its border, not a convolution:
+    a lopsided kernel and a 4-channel image give filter2D's float32 values (truncated), and a
+    second call (the kernel spectrum cached) gives the same bytes."""
+    image = np.ascontiguousarray(cv2.GaussianBlur(RNG.integers(0, 256, (41, 57, 4), dtype=np.uint8), (0, 0), 1))
+    kernel = np.zeros((13, 13), np.float32)
+    kernel[2, 9], kernel[6, 6], kernel[11, 1] = 0.5, 0.25, 0.25
+    assert kernel.size >= _ops.DIRECT_TAPS
+    ours = _ops.filter2d(image, kernel)
+    expected = cv2.filter2D(image.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101)
+    diff = ours.astype(int) - np.clip(expected, 0, 255).astype(np.uint8)
+    assert ours.shape == image.shape and np.abs(diff).max() <= 1 and (diff != 0).mean() < 0.02
+    assert np.array_equal(_ops.filter2d(image, kernel), ours)
+
+
 # --- shot noise by inverse CDF --------------------------------------------------------------------
 
 
