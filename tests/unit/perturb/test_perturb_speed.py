@@ -38,6 +38,23 @@ def _one_by_one(pert: Any, images: Any, applied: Applied) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("name", STACK_KERNELS)
+def test_images_of_a_chunk_each_run_alone_with_the_bytes_of_the_stacked_path(name: str) -> None:
+    """Above half a chunk apply_batch skips the stack: the result is still each image replayed alone,
+    and the bytes of the stacked path (forced here by a chunk that holds the whole batch)."""
+    from mmchaos.perturb import _stack
+
+    big = np.ascontiguousarray(np.repeat(np.repeat(STACK[:3], 10, axis=1), 10, axis=2))  # 3 x 240 x 200 x 3
+    assert 2 * big[0].size > _stack.CHUNK_VALUES
+    pert = perturb.get(name)
+    out, applied = pert(list(big), 3, rng=5)
+    assert all(np.array_equal(b, a) for b, a in zip(out, _one_by_one(pert, big, applied), strict=True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_stack, "CHUNK_VALUES", 4 * big[0].size)
+        stacked, again = pert(list(big), 3, rng=5)
+    assert again == applied and all(np.array_equal(b, a) for b, a in zip(out, stacked, strict=True))
+
+
 def test_the_pointwise_and_noise_kernels_are_stack_kernels() -> None:
     for name in STACK_KERNELS:
         pert = perturb.get(name)
