@@ -59,60 +59,17 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
     return cv2.sepFilter2D(img, -1, taps, taps, borderType=border)
 
 
-DIRECT_TAPS = 130
-"""Below this many taps :func:`filter2d` convolves directly, from this many through a DFT."""
-
-
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    Measured on OpenCV 5.0 (benchmarks/perturb_speed.md): a kernel of under 130 taps (defocus
-    severities 1-2 once :func:`disk` is cropped to its support) is convolved directly, about
-    twice as fast on a float32 copy of the image as on the uint8 image. A larger one goes
-    through :func:`_dft_filter`: one padded DFT per channel and one cached kernel spectrum,
-    where OpenCV's own DFT path in ``filter2D`` (and the peers, which call it) tiles the image
-    and transforms the kernel again on every call. Either way the values are the float32
-    direct path's except where float summation order moves a sum across an integer (under 2%
-    of values, by one level).
+    On a float32 copy of the image, whatever the kernel's size: measured on OpenCV 5.0 in one run
+    (benchmarks/perturb_speed.md), under 130 taps OpenCV's direct path is 1.3-2x faster on
+    float32 than on uint8, and from 130 taps its DFT path is 1.2-2.3x faster on float32 than on
+    uint8 (the uint8 path, used here before for large kernels, is albumentations' call); a DFT
+    of each channel with the kernel's spectrum cached was tried and was no faster than OpenCV's
+    float32 path at 512 x 384 and slower at 224 x 224. ``truncate_u8`` then truncates in one pass.
     """
-    if kernel.size < DIRECT_TAPS or img.ndim != 3 or kernel.shape[0] != kernel.shape[1] or kernel.shape[0] % 2 == 0:
-        return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
-    return _dft_filter(img, kernel, border)
-
-
-def _dft_filter(img: Any, kernel: Any, border: int) -> U8:
-    """Convolution by an odd square kernel through ``cv2.dft``, as ``filter2D`` with ``border``.
-
-    The image padded by the kernel's radius with ``border`` (and on to a size the DFT likes)
-    makes the circular convolution the linear one on every pixel kept; each channel is a real
-    forward DFT, a spectrum product and a real inverse DFT of only the rows kept.
-    """
-    h, w = img.shape[:2]
-    r = kernel.shape[0] // 2
-    rows, cols = cv2.getOptimalDFTSize(h + 2 * r), cv2.getOptimalDFTSize(w + 2 * r)
-    padded = cv2.copyMakeBorder(img, r, rows - h - r, r, cols - w - r, border)
-    # filter2D correlates: the DFT convolves, so with the kernel flipped (a no-op for a disk).
-    flipped = np.ascontiguousarray(kernel[::-1, ::-1], dtype=np.float32)
-    spectrum = _kernel_spectrum(flipped.tobytes(), kernel.shape[0], rows, cols)
-    planes = []
-    for plane in cv2.split(padded.astype(np.float32)):
-        product = cv2.mulSpectrums(cv2.dft(plane), spectrum, 0)
-        inverse = cv2.dft(product, flags=cv2.DFT_INVERSE | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT, nonzeroRows=h + r)
-        planes.append(inverse[r : r + h, r : r + w])
-    return truncate_u8(cv2.merge(planes))
-
-
-@lru_cache(maxsize=8)
-def _kernel_spectrum(data: bytes, side: int, rows: int, cols: int) -> F32:
-    """The DFT (OpenCV's packed form) of a float32 ``side x side`` kernel centred on (0, 0) of a
-    ``rows x cols`` plane, made once per kernel and DFT size (defocus has five kernels)."""
-    kernel = np.frombuffer(data, dtype=np.float32).reshape(side, side)
-    plane = np.zeros((rows, cols), np.float32)
-    plane[:side, :side] = kernel
-    r = side // 2
-    spectrum: F32 = np.asarray(cv2.dft(np.roll(plane, (-r, -r), axis=(0, 1))), dtype=np.float32)
-    spectrum.flags.writeable = False
-    return spectrum
+    return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
 
 
 @lru_cache(maxsize=1)
