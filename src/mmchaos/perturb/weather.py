@@ -138,13 +138,15 @@ class Brightness(StackKernel):
         planes = cv2.split(item)
         value = cv2.max(cv2.max(planes[0], planes[1]), planes[2])
         scale = cv2.LUT(value, gain)
-        # A black pixel's channels are raised from 0 to 1 and its gain is the grey level, so the
-        # one multiply makes it grey (a masked add of the grey after it cost as much as the rest).
-        lift = cv2.LUT(value, black)
+        if black[0] and cv2.minMaxLoc(value)[0] == 0:
+            # A black pixel's channels are raised from 0 to 1 and its gain is the grey level, so
+            # the one multiply makes it grey (a masked add of the grey after it cost as much as
+            # the rest of the kernel); an image without black pixels skips this.
+            lift = cv2.LUT(value, black)
+            planes = tuple(cv2.max(plane, lift) for plane in planes)
         # Rounds where the reference truncates: within one level, for a single fused pass. Plane
         # by plane: a 3-channel float32 copy of the scale cost twice the rest of the kernel.
-        scaled = [cv2.multiply(cv2.max(plane, lift), scale, dtype=cv2.CV_8U) for plane in planes]
-        return as_u8(cv2.merge(scaled))
+        return as_u8(cv2.merge([cv2.multiply(plane, scale, dtype=cv2.CV_8U) for plane in planes]))
 
 
 @lru_cache(maxsize=16)

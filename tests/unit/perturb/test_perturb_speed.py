@@ -332,3 +332,23 @@ def test_truncate_u8_truncates_clips_and_keeps_whole_levels() -> None:
     rand = RNG.random(10_000).astype(np.float32) * 255
     assert np.array_equal(_ops.truncate_u8(rand), rand.astype(np.uint8))
     assert np.array_equal(_ops.truncate_u8(rand, 0.5), (rand * np.float32(0.5)).astype(np.uint8))
+
+
+# --- brightness: black pixels become grey, with or without the lift ------------------------------
+
+
+@pytest.mark.parametrize("severity", [1, 3, 5])
+def test_brightness_makes_black_pixels_grey_and_scales_the_rest_by_v_prime_over_v(severity: int) -> None:
+    """The kernel lifts black pixels only in images that have one: both kinds of image give
+    ImageNet-C's value (V raised by the offset, hue and saturation kept) within one level."""
+    pert = perturb.get("brightness")
+    offset = pert.TABLE[severity - 1] * 255  # type: ignore[attr-defined]
+    no_black = np.maximum(STACK[:2], 1)
+    with_black = no_black.copy()
+    with_black[:, 3:6, 4:9] = 0
+    for images in (no_black, with_black):
+        out, _ = pert(images, severity, rng=0)
+        v = images.max(axis=3, keepdims=True).astype(float)
+        expected = np.where(v > 0, images * np.minimum(v + offset, 255) / np.maximum(v, 1), min(offset, 255))
+        assert np.abs(out.astype(float) - expected).max() <= 1.0
+    assert (out[:, 3:6, 4:9] == round(offset)).all()
