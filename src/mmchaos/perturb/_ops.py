@@ -65,9 +65,9 @@ def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any
     On a float32 copy of the image, whatever the kernel's size: measured on OpenCV 5.0 in one run
     (benchmarks/perturb_speed.md), under 130 taps OpenCV's direct path is 1.3-2x faster on
     float32 than on uint8, and from 130 taps its DFT path is 1.2-2.3x faster on float32 than on
-    uint8 (the uint8 path, used here before for large kernels, is albumentations' call); a DFT
-    of each channel with the kernel's spectrum cached was tried and was no faster than OpenCV's
-    float32 path at 512 x 384 and slower at 224 x 224. ``truncate_u8`` then truncates in one pass.
+    uint8 (the uint8 path, used here before for large kernels, is albumentations' call). A DFT
+    of each channel with the kernel's spectrum cached was tried: 0-30% faster at 512 x 384, 1.3-4x
+    slower at 224 x 224, so not used. ``truncate_u8`` then truncates in one pass.
     """
     return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
 
