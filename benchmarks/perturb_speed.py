@@ -1,22 +1,26 @@
-"""Perturbation speed: mmchaos against imagecorruptions (ImageNet-C's reference code), one thread.
+"""Perturbation speed: mmchaos against imagecorruptions (ImageNet-C's reference code) and albumentations.
 
-Fair by construction: the same images for both; 224 x 224 and 512 x 384; severities 1, 3 and 5;
-each figure the median of several timings of CPU time of the one thread doing the work (the
-machine is shared: CPU time is what another process's load does not inflate), after a warm-up
-call that pays one-off costs (lazy imports, mmchaos' lookup tables). mmchaos runs on a batch (its
-API), imagecorruptions one image at a time (its API); both are reported per image. glass_blur
+Fair by construction: the same images for all; 224 x 224 and 512 x 384; severities 1, 3 and 5;
+each figure the median of several timings of the process's CPU time (the machine is shared: CPU
+time is what another process's load inflates least; every library runs with one OpenCV and BLAS
+thread) and, from the same calls, of wall time, after a warm-up call that pays one-off costs
+(lazy imports, mmchaos' lookup tables). mmchaos runs on a batch (its API), the peers one image at
+a time (their API); all are reported per image. albumentations is timed on the corruptions where
+it runs the same algorithm with the same parameters (``ALBUMENTATIONS``): its functional kernels,
+without the transform objects' parameter sampling. glass_blur
 and frost are reported apart: there the two libraries run different algorithms (a vectorised
 random walk instead of the reference's per-pixel Python loop; a procedural texture instead of
 photographs), so they stay out of the geometric mean.
 
 Also measured: the batched path of the pointwise and noise kernels against the per-image loop
-(a batch of 64), and ``_ops.filter2d`` (defocus blur) against a plain uint8 ``cv2.filter2D``.
+(a batch of 64), and ``_ops.filter2d`` (defocus blur) against uint8 ``cv2.filter2D`` (albumentations'
+call) and against a DFT of each channel with the kernel's spectrum cached.
 
-imagecorruptions is not a dependency: without it the comparison is skipped and said so. It is
+Neither peer is a dependency: without one its comparison is skipped and said so. It is
 1.1.2 from 2020; on today's NumPy and scikit-image it needs three shims, applied here and
 nowhere else (``pkg_resources.resource_filename``, ``np.float_``, ``gaussian(multichannel=)``).
 
-    /work/main/.venv/bin/pip install imagecorruptions   # optional
+    /work/main/.venv/bin/pip install imagecorruptions albumentations scikit-image   # optional
     PYTHONPATH=src python benchmarks/perturb_speed.py --out benchmarks/perturb_speed.md
 """
 
@@ -54,12 +58,18 @@ APART = {
 }
 FLOORS = [
     "Where the speed-up stays small, both libraries spend their time in the same native code and mmchaos "
-    "has little left to remove: jpeg_compression (libjpeg-turbo's encoder and decoder in both; mmchaos "
-    "only skips Pillow's image objects and a colour conversion), pixelate (Pillow's box downscale, which "
+    "has little left to remove: jpeg_compression (libjpeg-turbo's encoder and decoder in all three; mmchaos "
+    "only skips Pillow's image objects, and gives Pillow's bytes exactly. albumentations makes the same two "
+    "OpenCV calls without the RGB-to-BGR conversion mmchaos makes before encoding (3-7% of the call): it hands "
+    "RGB bytes to an encoder that reads BGR, so its luma weighs red and blue swapped and its output differs "
+    "from Pillow's by 3.2-5.7 levels on average at qualities 25-7 (512 x 384), where mmchaos' differs by 0.0; "
+    "that conversion is why jpeg_compression stays at 0.9x of it), pixelate (Pillow's box downscale, which "
     "mmchaos now reproduces within one level through an integral image, and a nearest-neighbour upscale), "
-    "defocus_blur (the reference filters each channel in float32 with OpenCV; mmchaos filters the 3 "
-    "channels in one call of the same OpenCV filter2D, cropped to the disk and on whichever of float32 and "
-    "uint8 its direct or DFT path runs faster: the disk is not separable, so that call is the floor), "
+    "defocus_blur (the reference filters each channel in float32 with OpenCV's filter2D and albumentations "
+    "the uint8 image with it, both with the full 17 x 17 (or 21 x 21) kernel, so its DFT path; mmchaos crops "
+    "the disk to its support, which keeps severities 1-2 under the 130 taps of OpenCV's direct path, and "
+    "filters the 3 channels in one call on float32, faster than on uint8 on either path: the disk is not "
+    "separable, so from severity 3 on that DFT is the floor), "
     "fog (the same diamond-square plasma, in float32 with 16-bit draws "
     "and no np.roll copies, about a millisecond for a 256 x 256 map) and spatter (Canny, a distance "
     "transform and an equalisation in OpenCV in both).",
@@ -129,43 +139,123 @@ def test_images(n: int, height: int, width: int) -> list[np.ndarray]:
     return out
 
 
-def median_cpu(fn: Callable[[], Any], runs: int, warm: bool = True) -> float:
-    """Median CPU seconds of ``fn`` on this thread over ``runs`` calls (after one warm-up call)."""
+def timed(fn: Callable[[], Any], runs: int, warm: bool = True) -> tuple[float, float]:
+    """Median CPU seconds (the process's, all threads) and median wall seconds of ``fn`` over
+    ``runs`` calls, both from the same calls (after one warm-up call)."""
     if warm:
         fn()
-    times = []
+    cpu, wall = [], []
     for _ in range(runs):
-        start = time.thread_time()
+        start_cpu, start_wall = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.thread_time() - start)
-    return statistics.median(times)
+        cpu.append(time.process_time() - start_cpu)
+        wall.append(time.perf_counter() - start_wall)
+    return statistics.median(cpu), statistics.median(wall)
 
 
-def compare(args: argparse.Namespace, reference: tuple[Callable[..., Any], list[str], str]) -> list[dict[str, Any]]:
-    """One row per corruption and size: per-image median seconds of both libraries at each severity."""
+def timed_together(fns: list[Callable[[], Any]], runs: int) -> list[tuple[float, float]]:
+    """``timed`` for several functions called in turn, round after round (after one warm-up call
+    each): drift in the machine's load or cache state then reaches all of them alike."""
+    for fn in fns:
+        fn()
+    cpu: list[list[float]] = [[] for _ in fns]
+    wall: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for i, fn in enumerate(fns):
+            start_cpu, start_wall = time.process_time(), time.perf_counter()
+            fn()
+            cpu[i].append(time.process_time() - start_cpu)
+            wall[i].append(time.perf_counter() - start_wall)
+    return [(statistics.median(c), statistics.median(w)) for c, w in zip(cpu, wall, strict=True)]
+
+
+def median_cpu(fn: Callable[[], Any], runs: int, warm: bool = True) -> float:
+    """Median CPU seconds of ``fn`` over ``runs`` calls (after one warm-up call)."""
+    return timed(fn, runs, warm)[0]
+
+
+def load_albumentations() -> tuple[dict[str, Callable[[np.ndarray, int], Any]], str] | None:
+    """albumentations' functional kernels for the corruptions where it runs ImageNet-C's algorithm with
+    ImageNet-C's parameters, keyed by mmchaos' name, and its version; None when it is not installed."""
+    if importlib.util.find_spec("albumentations") is None:
+        return None
+    from importlib.metadata import version
+
+    import albumentations.augmentations.blur.functional as fblur  # type: ignore[import-untyped]
+    import albumentations.augmentations.pixel.functional as fpixel  # type: ignore[import-untyped]
+
+    from mmchaos import perturb
+
+    def table(name: str, severity: int) -> Any:
+        return perturb.get(name).TABLE[severity - 1]  # type: ignore[attr-defined]
+
+    def zooms(severity: int) -> Any:
+        return np.arange(*table("zoom_blur", severity))
+
+    kernels: dict[str, Callable[[np.ndarray, int], Any]] = {
+        # HueSaturationValue with only a value shift: V + c * 255 clipped, as ImageNet-C's brightness.
+        "brightness": lambda img, s: fpixel.shift_hsv(img, 0, 0, table("brightness", s) * 255),
+        # Defocus: ImageNet-C's anti-aliased disk, through cv2.filter2D.
+        "defocus_blur": lambda img, s: fblur.defocus(img, *table("defocus_blur", s)),
+        # ImageCompression: a JPEG round trip at the quality.
+        "jpeg_compression": lambda img, s: fpixel.image_compression(img, table("jpeg_compression", s), ".jpg"),
+        # Downscale: an area downscale by the factor and a nearest-neighbour upscale.
+        "pixelate": lambda img, s: fpixel.downscale(img, table("pixelate", s), cv2.INTER_AREA, cv2.INTER_NEAREST),
+        # ZoomBlur: the mean of centre zooms over the factors.
+        "zoom_blur": lambda img, s: fblur.zoom_blur(img, zooms(s)),
+    }
+    return kernels, version("albumentations")
+
+
+def compare(
+    args: argparse.Namespace,
+    reference: tuple[Callable[..., Any], list[str], str],
+    albu: tuple[dict[str, Callable[[np.ndarray, int], Any]], str] | None,
+) -> list[dict[str, Any]]:
+    """One row per corruption and size: per-image median (CPU, wall) seconds of mmchaos, imagecorruptions
+    and (where it runs the same algorithm) albumentations at each severity."""
     from mmchaos import perturb
 
     corrupt, names, _ = reference
+    kernels = albu[0] if albu is not None else {}
     rows = []
     for height, width in SIZES:
         images = test_images(args.images, height, width)
         for name in names:
-            ours, ref = {}, {}
+            ours, ref, alb = {}, {}, {}
             for severity in SEVERITIES:
                 pert = perturb.get(name)
-                ours[severity] = median_cpu(partial(pert, images, severity, rng=0), args.repeats) / len(images)
+                ours_once = partial(pert, images, severity, rng=0)
+                if name in kernels:
+                    # mmchaos and albumentations alternate, each on all the images a timing.
+                    albu_once = partial(_each, kernels[name], images, severity)
+                    both = timed_together([ours_once, albu_once], max(args.repeats, args.ref_runs))
+                    ours[severity], alb[severity] = (_per_image(t, len(images)) for t in both)
+                else:
+                    ours[severity] = _per_image(timed(ours_once, args.repeats), len(images))
                 if name == "glass_blur" and severity != 3:
                     continue  # seconds an image in the reference: severity 3 only, one timing
                 slow = name == "glass_blur"
                 turn = _Cycle(images[:1] if slow else images, partial(corrupt, severity=severity, corruption_name=name))
                 # Its one-off costs (imports) are paid by the first call of each corruption: later
-                # severities and sizes skip the warm-up, which keeps a run within two minutes.
+                # severities and sizes skip the warm-up, which keeps a run within a few minutes.
                 first = severity == SEVERITIES[0] and (height, width) == SIZES[0]
-                ref[severity] = median_cpu(turn, 1 if slow else args.ref_runs, warm=first and not slow)
-            rows.append({"name": name, "size": f"{width}x{height}", "ours": ours, "ref": ref})
-            up = _gmean([ref[s] / ours[s] for s in SEVERITIES if s in ref])
-            print(f"{width}x{height} {name:18s} ours {_ms(ours)}  ref {_ms(ref)}  x{up:.1f}", flush=True)
+                ref[severity] = timed(turn, 1 if slow else args.ref_runs, warm=first and not slow)
+            rows.append({"name": name, "size": f"{width}x{height}", "ours": ours, "ref": ref, "alb": alb})
+            line = f"{width}x{height} {name:18s} ours {_ms(ours)}  ic {_ms(ref)} x{_up(ref, ours):.1f}"
+            if alb:
+                line += f"  albu {_ms(alb)} x{_up(alb, ours):.2f}"
+            print(line, flush=True)
     return rows
+
+
+def _each(kernel: Callable[[np.ndarray, int], Any], images: list[np.ndarray], severity: int) -> None:
+    for image in images:
+        kernel(image, severity)
+
+
+def _per_image(times: tuple[float, float], n: int) -> tuple[float, float]:
+    return times[0] / n, times[1] / n
 
 
 def batch_vs_loop(args: argparse.Namespace) -> list[tuple[str, int, float, float, float]]:
@@ -200,21 +290,21 @@ def batch_vs_loop(args: argparse.Namespace) -> list[tuple[str, int, float, float
 
 
 def filter_paths(args: argparse.Namespace) -> list[tuple[str, int, float, float, float]]:
-    """defocus_blur's filter: ``_ops.filter2d`` vs plain uint8 filter2D vs the old float32-input path."""
+    """defocus_blur's filter: ``_ops.filter2d`` (float32 input) vs uint8 filter2D vs a cached-spectrum DFT."""
     from mmchaos.perturb import _ops
 
     border = cv2.BORDER_REFLECT_101
     rows = []
     for height, width in SIZES:
         image = test_images(1, height, width)[0]
-        for radius, alias in ((3, 0.1), (10, 0.5)):
+        for radius, alias in ((3, 0.1), (6, 0.5), (10, 0.5)):
             kernel = _ops.disk(float(radius), alias)
             ours = median_cpu(partial(_ops.filter2d, image, kernel), 5 * args.repeats)
             plain = median_cpu(partial(cv2.filter2D, image, -1, kernel, borderType=border), 5 * args.repeats)
-            old = median_cpu(partial(_float32_input_filter, image, kernel), 5 * args.repeats)
-            rows.append((f"{width}x{height}", radius, ours, plain, old))
+            dft = median_cpu(partial(_dft_filter, image, kernel), 5 * args.repeats)
+            rows.append((f"{width}x{height}", radius, ours, plain, dft))
             print(f"filter2d {width}x{height} r={radius}: ours {ours * 1e3:.2f} ms, plain uint8 {plain * 1e3:.2f} ms,"
-                  f" float32 input {old * 1e3:.2f} ms", flush=True)  # fmt: skip
+                  f" cached-spectrum DFT {dft * 1e3:.2f} ms", flush=True)  # fmt: skip
     return rows
 
 
@@ -229,42 +319,78 @@ class _Cycle:
         return self.fn(self.images[self.calls % len(self.images)])
 
 
-def _float32_input_filter(image: np.ndarray, kernel: np.ndarray) -> Any:
-    """What ``_ops.filter2d`` did on OpenCV >= 5 before: convert the input to float32 first."""
-    out = cv2.filter2D(image.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101)
-    return np.clip(out, 0, 255).astype(np.uint8)
+def _dft_filter(image: np.ndarray, kernel: np.ndarray) -> Any:
+    """The alternative tried for large disks: one DFT per channel of the reflect-padded image, the
+    kernel's spectrum made once (cached), a real inverse DFT of the rows kept, truncated."""
+    h, w = image.shape[:2]
+    r = kernel.shape[0] // 2
+    rows, cols = cv2.getOptimalDFTSize(h + 2 * r), cv2.getOptimalDFTSize(w + 2 * r)
+    padded = cv2.copyMakeBorder(image, r, rows - h - r, r, cols - w - r, cv2.BORDER_REFLECT_101)
+    key = (kernel.tobytes(), rows, cols)
+    if key not in _SPECTRA:
+        plane = np.zeros((rows, cols), np.float32)
+        plane[: kernel.shape[0], : kernel.shape[1]] = kernel[::-1, ::-1]
+        _SPECTRA[key] = cv2.dft(np.roll(plane, (-r, -r), axis=(0, 1)))
+    planes = []
+    for plane in cv2.split(padded.astype(np.float32)):
+        product = cv2.mulSpectrums(cv2.dft(plane), _SPECTRA[key], 0)
+        inverse = cv2.dft(product, flags=cv2.DFT_INVERSE | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT, nonzeroRows=h + r)
+        planes.append(inverse[r : r + h, r : r + w])
+    return np.clip(cv2.merge(planes), 0, 255).astype(np.uint8)
+
+
+_SPECTRA: dict[tuple[bytes, int, int], Any] = {}
 
 
 def _gmean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _ms(times: dict[int, float]) -> str:
-    return "/".join(f"{times[s] * 1e3:.2f}" if s in times else "-" for s in SEVERITIES)
+def _ms(times: dict[int, tuple[float, float]], wall: bool = False) -> str:
+    return "/".join(f"{times[s][int(wall)] * 1e3:.2f}" if s in times else "-" for s in SEVERITIES)
+
+
+Times = dict[int, tuple[float, float]]
+"""Per-image (CPU, wall) seconds by severity."""
+
+
+def _ratios(peer: Times, ours: Times, wall: bool = False) -> list[float]:
+    """Peer time over mmchaos time (above 1: mmchaos is faster) at each severity both have."""
+    return [peer[s][int(wall)] / ours[s][int(wall)] for s in SEVERITIES if s in peer and s in ours]
+
+
+def _up(peer: Times, ours: Times, wall: bool = False) -> float:
+    return _gmean(_ratios(peer, ours, wall))
 
 
 def write(
     path: Path,
     args: argparse.Namespace,
     reference: tuple[Callable[..., Any], list[str], str] | None,
+    albu: tuple[dict[str, Callable[[np.ndarray, int], Any]], str] | None,
     rows: list[dict[str, Any]],
     batches: list[tuple[str, int, float, float, float]],
     filters: list[tuple[str, int, float, float, float]],
     elapsed: float,
     loads: tuple[float, float],
 ) -> None:
+    albu_version = albu[1] if albu is not None else None
     lines = [
-        "# Perturbation speed: mmchaos vs imagecorruptions, one thread",
+        "# Perturbation speed: mmchaos vs imagecorruptions and albumentations",
         "",
-        f"Median CPU time of one thread per image, after a warm-up call; mmchaos on a batch of {args.images} "
-        f"images ({args.repeats} timings), imagecorruptions one image at a time ({args.ref_runs} timings; "
-        "glass_blur one, at severity 3 only: it takes seconds an image). "
+        f"Median CPU time of the process per image (and, from the same calls, median wall time), after a "
+        f"warm-up call; mmchaos on a batch of {args.images} images ({args.repeats} timings), imagecorruptions "
+        f"one image at a time ({args.ref_runs} timings; glass_blur one, at severity 3 only: it takes seconds "
+        f"an image), albumentations one image at a time, all {args.images} images a timing, its timings "
+        f"alternating with mmchaos' ({max(args.repeats, args.ref_runs)} each). "
+        "One OpenCV and BLAS thread for all. "
         "Natural images (scikit-image's samples) centre-cropped to each size. "
         f"Python {platform.python_version()}, NumPy {np.__version__}, OpenCV {cv2.__version__}, "
         f"{platform.machine()} with {os.cpu_count()} cores shared with other work (1-minute load average "
-        f"{loads[0]:.1f} at the start, {loads[1]:.1f} at the end: CPU time of one thread is what another "
-        f"process's load inflates least, but caches are shared, so figures move by 10-30% between runs); "
-        f"{elapsed:.0f} s wall.",
+        f"{loads[0]:.1f} at the start, {loads[1]:.1f} at the end: CPU time is what another process's load "
+        "inflates least, but caches and cores are shared, so figures move by 10-30% between runs and "
+        f"wall time more); {elapsed:.0f} s wall. Ratios are peer time over mmchaos time (above 1: mmchaos "
+        "is faster), each measured in this run.",
         f"Produced by `PYTHONPATH=src python benchmarks/perturb_speed.py --images {args.images} "
         f"--repeats {args.repeats} --ref-runs {args.ref_runs}`.",
         "",
@@ -272,33 +398,69 @@ def write(
     if reference is None:
         lines += ["imagecorruptions is not installed: the comparison was skipped.", ""]
     else:
+        if albu is None:
+            lines += ["albumentations is not installed: its comparison was skipped.", ""]
         scored = [r for r in rows if r["name"] not in APART]
-        per_name: dict[str, list[float]] = {}
-        for r in scored:
-            per_name.setdefault(r["name"], []).extend(r["ref"][s] / r["ours"][s] for s in SEVERITIES)
-        overall = _gmean([_gmean(v) for v in per_name.values()])
+
+        def overall(peer: str, wall: bool = False) -> tuple[float, int]:
+            per_name: dict[str, list[float]] = {}
+            for r in scored:
+                if r[peer]:
+                    per_name.setdefault(r["name"], []).extend(_ratios(r[peer], r["ours"], wall))
+            return _gmean([_gmean(v) for v in per_name.values()]), len(per_name)
+
+        ic_cpu, n_ic = overall("ref")
+        ic_wall, _ = overall("ref", wall=True)
         by_size = {
-            size: _gmean([r["ref"][s] / r["ours"][s] for r in scored if r["size"] == size for s in SEVERITIES])
+            size: _gmean([x for r in scored if r["size"] == size for x in _ratios(r["ref"], r["ours"])])
             for size in dict.fromkeys(r["size"] for r in rows)
         }
         lines += [
-            f"- geometric-mean speed-up over imagecorruptions {reference[2]} ({len(per_name)} corruptions x "
-            f"{len(SIZES)} sizes x {len(SEVERITIES)} severities; glass_blur and frost apart): **{overall:.1f}x**",
-            "- by size: " + ", ".join(f"{size} {up:.1f}x" for size, up in by_size.items()),
+            f"- geometric-mean speed-up over imagecorruptions {reference[2]} ({n_ic} corruptions x "
+            f"{len(SIZES)} sizes x {len(SEVERITIES)} severities; glass_blur and frost apart): "
+            f"**{ic_cpu:.1f}x CPU time**, {ic_wall:.1f}x wall time",
+            "- by size (CPU): " + ", ".join(f"{size} {up:.1f}x" for size, up in by_size.items()),
         ]
+        if albu is not None:
+            al_cpu, n_al = overall("alb")
+            al_wall, _ = overall("alb", wall=True)
+            lines.append(
+                f"- geometric-mean speed-up over albumentations {albu_version} on the {n_al} corruptions where it "
+                f"runs the same algorithm ({', '.join(sorted({r['name'] for r in rows if r['alb']}))}): "
+                f"**{al_cpu:.2f}x CPU time**, {al_wall:.2f}x wall time"
+            )
+        names = dict.fromkeys(r["name"] for r in scored)
+        slower = []
+        for name in names:
+            for peer, label in (("ref", "imagecorruptions"), ("alb", "albumentations")):
+                ups = [x for r in scored if r["name"] == name and r[peer] for x in _ratios(r[peer], r["ours"])]
+                if ups and _gmean(ups) < 1:
+                    slower.append(f"{name} vs {label} {_gmean(ups):.2f}x")
+        lines.append(
+            "- perturbations slower than a peer (geometric mean of CPU-time ratios over sizes and severities): "
+            + (", ".join(slower) if slower else "**none**")
+        )
         for name, why in APART.items():
-            ups = [r["ref"][s] / r["ours"][s] for r in rows if r["name"] == name for s in SEVERITIES if s in r["ref"]]
+            ups = [x for r in rows if r["name"] == name for x in _ratios(r["ref"], r["ours"])]
             if ups:
                 lines.append(f"- {name} (apart: {why}): {_gmean(ups):.1f}x")
         lines += [
             "",
-            "| corruption | size | mmchaos ms, severity 1/3/5 | imagecorruptions ms, 1/3/5 | speed-up |",
-            "|---|---|---:|---:|---:|",
+            "CPU time per image in ms at severity 1/3/5; ratios are the geometric mean over the three severities "
+            "(CPU time; wall time in brackets).",
+            "",
+            "| corruption | size | mmchaos | imagecorruptions | albumentations "
+            "| vs imagecorruptions | vs albumentations |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in sorted(rows, key=lambda r: (r["name"] in APART, r["name"], r["size"])):
-            up = _gmean([r["ref"][s] / r["ours"][s] for s in SEVERITIES if s in r["ref"]])
             label = f"{r['name']} (apart)" if r["name"] in APART else r["name"]
-            lines.append(f"| {label} | {r['size']} | {_ms(r['ours'])} | {_ms(r['ref'])} | {up:.1f}x |")
+            ic = f"{_up(r['ref'], r['ours']):.1f}x ({_up(r['ref'], r['ours'], True):.1f}x)"
+            al = f"{_up(r['alb'], r['ours']):.2f}x ({_up(r['alb'], r['ours'], True):.2f}x)" if r["alb"] else "-"
+            lines.append(
+                f"| {label} | {r['size']} | {_ms(r['ours'])} | {_ms(r['ref'])} | {_ms(r['alb']) if r['alb'] else '-'} "
+                f"| {ic} | {al} |"
+            )
         lines += ["", *FLOORS, ""]
     lines += [
         "## Batched path of the pointwise and noise kernels",
@@ -331,14 +493,15 @@ def write(
         "",
         "## defocus_blur's filter on this OpenCV",
         "",
-        "`_ops.filter2d` with the disk cropped to its support: under 130 taps (radius 3) OpenCV convolves "
-        "directly, and does so about twice as fast on a float32 copy of the image as on the uint8 image, so "
-        "filter2d converts and truncates the float32 result; larger kernels (radius 10) go through the DFT, "
-        "where the uint8 image is faster, and filter2d passes it straight in and takes uint8 out, truncating "
-        "through filter2D's delta. The middle column is a plain rounding uint8 filter2D, the last one the "
-        "float32-input path throughout.",
+        "`_ops.filter2d` with the disk cropped to its support, on a float32 copy of the image: under 130 taps "
+        "(radius 3) OpenCV convolves directly, above (radius 6 and 10) through its DFT, and both run faster on "
+        "float32 than on the uint8 image. The middle column is a plain rounding uint8 filter2D (albumentations' "
+        "call, and the large-kernel path mmchaos used before), the last one a DFT of each channel with the "
+        "kernel's spectrum cached (tried and not used: across four runs it was 0-30% faster than the float32 path "
+        "at 512 x 384 from radius 6 and 1.3-4x slower at 224 x 224, and a size rule would change an image's "
+        "output, by one level on under 1% of pixels, with its size).",
         "",
-        "| size | disk radius | filter2d ms | plain uint8 filter2D ms | float32 input ms |",
+        "| size | disk radius | filter2d (float32) ms | uint8 filter2D ms | cached-spectrum DFT ms |",
         "|---|---:|---:|---:|---:|",
     ]
     for size, radius, ours, plain, old in filters:
@@ -360,11 +523,14 @@ def main() -> None:
     reference = load_reference()
     if reference is None:
         print("imagecorruptions is not installed: skipping the comparison (pip install imagecorruptions)")
-    rows = compare(args, reference) if reference is not None else []
+    albu = load_albumentations()
+    if albu is None:
+        print("albumentations is not installed: skipping its comparison (pip install albumentations)")
+    rows = compare(args, reference, albu) if reference is not None else []
     batches = batch_vs_loop(args)
     filters = filter_paths(args)
     loads = (load_start, os.getloadavg()[0])
-    write(args.out, args, reference, rows, batches, filters, time.perf_counter() - start, loads)
+    write(args.out, args, reference, albu, rows, batches, filters, time.perf_counter() - start, loads)
     print(f"wrote {args.out} in {time.perf_counter() - start:.0f} s")
 
 

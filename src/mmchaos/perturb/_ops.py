@@ -59,25 +59,17 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
     return cv2.sepFilter2D(img, -1, taps, taps, borderType=border)
 
 
-DIRECT_TAPS = 130
-"""Below this many taps OpenCV's ``filter2D`` convolves directly instead of through the DFT."""
-
-
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    Measured on OpenCV 5.0 (benchmarks/perturb_speed.md): a kernel of under 130 taps (defocus
-    severities 1-2 once :func:`disk` is cropped to its support) takes the direct path, which is
-    about twice as fast on a float32 copy of the image as on the uint8 image; a larger kernel
-    goes through the DFT, where the uint8 image is faster (a float32 copy made it 1.6-2.7x
-    slower): uint8 in and out, with ``delta = -(0.5 - 2**-16)`` so that OpenCV's rounding of its
-    float sum truncates (see :func:`truncate_u8`). Either way the values match the float32 path
-    except where float summation order moves a sum across an integer (under 2% of values, by
-    one level).
+    On a float32 copy of the image, whatever the kernel's size: measured on OpenCV 5.0 in one run
+    (benchmarks/perturb_speed.md), under 130 taps OpenCV's direct path is 1.3-2x faster on
+    float32 than on uint8, and from 130 taps its DFT path is 1.2-2.3x faster on float32 than on
+    uint8 (the uint8 path, used here before for large kernels, is albumentations' call). A DFT
+    of each channel with the kernel's spectrum cached was tried: 0-30% faster at 512 x 384, 1.3-4x
+    slower at 224 x 224, so not used. ``truncate_u8`` then truncates in one pass.
     """
-    if kernel.size < DIRECT_TAPS:
-        return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
-    return cv2.filter2D(img, -1, kernel, delta=-TRUNCATE_OFFSET, borderType=border)
+    return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
 
 
 @lru_cache(maxsize=1)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
 import numpy as np
+import numpy.typing as npt
 
 from mmchaos.perturb import _ops
 from mmchaos.perturb._stack import StackKernel, rows
@@ -132,18 +134,32 @@ class Brightness(StackKernel):
         # Raising V with H and S fixed scales each pixel's RGB by V'/V (V = max channel); a pure
         # black pixel (S = 0, H = 0) becomes grey V'. Both depend only on V: one 256-entry table.
         item = rows(images)
-        offset = float(params[0]["offset"]) * 255.0
-        levels = np.arange(256, dtype=np.float64)
-        gain = np.minimum(levels + offset, 255.0) / np.maximum(levels, 1.0)
-        r, g, b = cv2.split(item)
-        value = cv2.max(cv2.max(r, g), b)
-        scale = cv2.LUT(value, gain.astype(np.float32))
-        # Rounds where the reference truncates: within one level, for a single fused pass.
-        out = as_u8(cv2.multiply(item, cv2.merge([scale, scale, scale]), dtype=cv2.CV_8U))
-        if offset > 0:  # black pixels (0 after the multiply) become grey: a masked add
-            grey = float(min(round(offset), 255))
-            _ops.CV.add(out, (grey, grey, grey, 0.0), dst=out, mask=_ops.CV.compare(value, 0, cv2.CMP_EQ))
-        return out
+        gain, black = _brightness_tables(float(params[0]["offset"]) * 255.0)
+        planes = cv2.split(item)
+        value = cv2.max(cv2.max(planes[0], planes[1]), planes[2])
+        scale = cv2.LUT(value, gain)
+        if black[0] and cv2.minMaxLoc(value)[0] == 0:
+            # A black pixel's channels are raised from 0 to 1 and its gain is the grey level, so
+            # the one multiply makes it grey (a masked add of the grey after it cost as much as
+            # the rest of the kernel); an image without black pixels skips this.
+            lift = cv2.LUT(value, black)
+            planes = tuple(cv2.max(plane, lift) for plane in planes)
+        # Rounds where the reference truncates: within one level, for a single fused pass. Plane
+        # by plane: a 3-channel float32 copy of the scale cost twice the rest of the kernel.
+        return as_u8(cv2.merge([cv2.multiply(plane, scale, dtype=cv2.CV_8U) for plane in planes]))
+
+
+@lru_cache(maxsize=16)
+def _brightness_tables(offset: float) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
+    """V'/V by level V (level 0: the grey a black pixel becomes), and 1 at level 0, 0 elsewhere."""
+    levels = np.arange(256, dtype=np.float64)
+    gain = (np.minimum(levels + offset, 255.0) / np.maximum(levels, 1.0)).astype(np.float32)
+    gain[0] = min(round(offset), 255)
+    black = np.zeros(256, np.uint8)
+    black[0] = 1 if offset > 0 else 0
+    gain.flags.writeable = False
+    black.flags.writeable = False
+    return gain, black
 
 
 class Spatter(ImagePerturbation):

@@ -38,6 +38,23 @@ def _one_by_one(pert: Any, images: Any, applied: Applied) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("name", STACK_KERNELS)
+def test_images_of_a_chunk_each_run_alone_with_the_bytes_of_the_stacked_path(name: str) -> None:
+    """Above half a chunk apply_batch skips the stack: the result is still each image replayed alone,
+    and the bytes of the stacked path (forced here by a chunk that holds the whole batch)."""
+    from mmchaos.perturb import _stack
+
+    big = np.ascontiguousarray(np.repeat(np.repeat(STACK[:3], 10, axis=1), 10, axis=2))  # 3 x 240 x 200 x 3
+    assert 2 * big[0].size > _stack.CHUNK_VALUES
+    pert = perturb.get(name)
+    out, applied = pert(list(big), 3, rng=5)
+    assert all(np.array_equal(b, a) for b, a in zip(out, _one_by_one(pert, big, applied), strict=True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_stack, "CHUNK_VALUES", 4 * big[0].size)
+        stacked, again = pert(list(big), 3, rng=5)
+    assert again == applied and all(np.array_equal(b, a) for b, a in zip(out, stacked, strict=True))
+
+
 def test_the_pointwise_and_noise_kernels_are_stack_kernels() -> None:
     for name in STACK_KERNELS:
         pert = perturb.get(name)
@@ -121,7 +138,7 @@ def test_a_kernel_returning_its_input_does_not_alias_the_callers_batch() -> None
 @pytest.mark.parametrize("radius,alias", [(3, 0.1), (6, 0.5), (10, 0.5)])
 def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alias: float) -> None:
     """Truncated to uint8 as the reference does, whichever OpenCV path the kernel's size picks
-    (float32 direct under 130 taps, uint8 through the DFT above): the float32-input values."""
+    (direct under 130 taps, the DFT above): the float32-input values."""
     image = np.ascontiguousarray(cv2.GaussianBlur(RNG.integers(0, 256, (90, 70, 3), dtype=np.uint8), (0, 0), 2))
     kernel = _ops.disk(float(radius), alias)
     ours = _ops.filter2d(image, kernel)
@@ -133,6 +150,19 @@ def test_filter2d_gives_the_values_of_the_float32_input_path(radius: float, alia
     assert np.abs(diff).max() <= 1 and (diff != 0).mean() < 0.02
     rounded = cv2.filter2D(image, -1, kernel, borderType=cv2.BORDER_REFLECT_101)  # plain uint8: rounds
     assert (ours != rounded).mean() > 0.2  # truncated as before, not rounded
+
+
+def test_filter2d_correlates_as_filter2d_on_any_kernel_and_channel_count() -> None:
+    """A lopsided kernel of over 130 taps (OpenCV's DFT path) and a 4-channel image: filter2D's
+    correlation with its border, truncated; a second call gives the same bytes."""
+    image = np.ascontiguousarray(cv2.GaussianBlur(RNG.integers(0, 256, (41, 57, 4), dtype=np.uint8), (0, 0), 1))
+    kernel = np.zeros((13, 13), np.float32)
+    kernel[2, 9], kernel[6, 6], kernel[11, 1] = 0.5, 0.25, 0.25
+    ours = _ops.filter2d(image, kernel)
+    expected = cv2.filter2D(image.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101)
+    diff = ours.astype(int) - np.clip(expected, 0, 255).astype(np.uint8)
+    assert ours.shape == image.shape and np.abs(diff).max() <= 1 and (diff != 0).mean() < 0.02
+    assert np.array_equal(_ops.filter2d(image, kernel), ours)
 
 
 # --- shot noise by inverse CDF --------------------------------------------------------------------
@@ -302,3 +332,23 @@ def test_truncate_u8_truncates_clips_and_keeps_whole_levels() -> None:
     rand = RNG.random(10_000).astype(np.float32) * 255
     assert np.array_equal(_ops.truncate_u8(rand), rand.astype(np.uint8))
     assert np.array_equal(_ops.truncate_u8(rand, 0.5), (rand * np.float32(0.5)).astype(np.uint8))
+
+
+# --- brightness: black pixels become grey, with or without the lift ------------------------------
+
+
+@pytest.mark.parametrize("severity", [1, 3, 5])
+def test_brightness_makes_black_pixels_grey_and_scales_the_rest_by_v_prime_over_v(severity: int) -> None:
+    """The kernel lifts black pixels only in images that have one: both kinds of image give
+    ImageNet-C's value (V raised by the offset, hue and saturation kept) within one level."""
+    pert = perturb.get("brightness")
+    offset = pert.TABLE[severity - 1] * 255  # type: ignore[attr-defined]
+    no_black = np.maximum(STACK[:2], 1)
+    with_black = no_black.copy()
+    with_black[:, 3:6, 4:9] = 0
+    for images in (no_black, with_black):
+        out, _ = pert(images, severity, rng=0)
+        v = images.max(axis=3, keepdims=True).astype(float)
+        expected = np.where(v > 0, images * np.minimum(v + offset, 255) / np.maximum(v, 1), min(offset, 255))
+        assert np.abs(out.astype(float) - expected).max() <= 1.0
+    assert (out[:, 3:6, 4:9] == round(offset)).all()
