@@ -23,7 +23,9 @@ Arrays are sent as lossless PNG, encoded bytes (``embed_encoded_images``) exactl
 server's own decoder is what the contract check exercises. Requests go only to loopback addresses
 unless ``allow_remote`` (checked by resolving the host; for ``http`` the resolved address is then
 used, so a later DNS answer cannot move the traffic elsewhere). 429 and 503 answers are retried with
-jittered exponential backoff that honours Retry-After; nothing else is retried.
+jittered exponential backoff that honours Retry-After; a request that went out on a kept-alive
+connection the server had already closed (uvicorn does after a 500) is sent again on another one
+(counted in ``reconnects``); nothing else is retried.
 
 How failures surface, mirroring an in-process target: a 4xx answer is the server refusing the
 input, a typed :class:`~mmchaos.errors.TargetCallError` carrying the server's stable code; a 5xx,
@@ -168,6 +170,37 @@ def _same_vector(x: FloatArray, y: FloatArray) -> bool:
     return float(np.dot(x.ravel(), y.ravel())) / (nx * ny) >= 0.9999
 
 
+class _Wire:
+    """What httpcore's trace says one request did on the wire (httpx's ``trace`` extension).
+
+    uvicorn closes a connection after answering 500 for an exception in the application, without a
+    ``Connection: close`` header (``transformers serve`` and every FastAPI server do it). The next
+    request sent on that kept-alive connection before the close arrives is reset unread: the
+    server's 500 is its own request's failure, and the reset belongs to no input. A request whose
+    reused connection fails before any byte of an answer is therefore sent again on another
+    connection (RFC 9112, section 9.3.1, lets a client do so); one that fails on a new connection is
+    the server's failure and is not.
+    """
+
+    def __init__(self) -> None:
+        self.connected = self.sent = self.answered = False
+
+    def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event.startswith("connection.connect_tcp."):
+            self.connected = True
+        elif event == "http11.send_request_headers.started":
+            self.sent = True
+        elif event == "http11.receive_response_headers.complete":
+            self.answered = True
+
+    def stale(self, exc: Exception) -> bool:
+        """The request went out on a kept-alive connection that was closed before any answer came."""
+        import httpx
+
+        closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError)
+        return closed and self.sent and not self.connected and not self.answered
+
+
 class OpenAITarget(Target):
     """A target behind an OpenAI-compatible HTTP API; build it with :meth:`connect`."""
 
@@ -231,6 +264,8 @@ class OpenAITarget(Target):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self.retries = 0  # 429/503 answers retried so far
+        self.reconnects = 0
+        """Requests sent again because the kept-alive connection they went out on had been closed (:class:`_Wire`)."""
         headers = {"Accept": "application/json", "User-Agent": "mmchaos-openai-target"}
         if host_header:
             headers["Host"] = host_header
@@ -419,16 +454,24 @@ class OpenAITarget(Target):
 
         content = None if payload is None else json.dumps(payload, separators=(",", ":")).encode("ascii")
         headers = None if payload is None else {"Content-Type": "application/json"}
-        attempt = 0
+        attempt = reconnects = 0
         while True:
+            wire = _Wire()
             with self._slots:
                 try:
-                    resp = self._client.request(method, path, content=content, headers=headers)
+                    resp = self._client.request(method, path, content=content, headers=headers,
+                                                extensions={"trace": wire})  # fmt: skip
                 except httpx.TimeoutException as exc:
                     raise EndpointError(
                         f"{method} {path}: no answer within {self.timeout:g}s ({type(exc).__name__})", code="timeout"
                     ) from None
                 except httpx.HTTPError as exc:
+                    if wire.stale(exc) and reconnects < self.max_concurrency:
+                        log.debug("%s %s: the reused connection was closed (%s); sent again", method, path, exc)
+                        reconnects += 1
+                        with self._rng_lock:
+                            self.reconnects += 1
+                        continue
                     raise EndpointError(
                         f"{method} {path}: {type(exc).__name__}: {exc}", code="connection_failed"
                     ) from None
@@ -718,7 +761,8 @@ class OpenAITarget(Target):
         out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
                            "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
                            "untested_modalities": dict(self.gaps), "timeout": self.timeout,
-                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency}  # fmt: skip
+                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency,
+                           "reconnects": self.reconnects}  # fmt: skip
         return out
 
     def close(self) -> None:
