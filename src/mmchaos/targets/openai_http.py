@@ -246,6 +246,9 @@ class OpenAITarget(Target):
         """Modalities the endpoint handles in part that could not be tested, with the reason."""
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
+        self.logprobs: Literal["not asked", "given", "ignored", "refused"] = "not asked"
+        """What the endpoint did the first time chat logprobs were asked for: gave them, answered without
+        them (transformers serve, Ollama) or refused the request (then asked again without)."""
         self.max_items = max_items
         self.api_key_env = api_key_env
         self.timeout = timeout
@@ -431,7 +434,7 @@ class OpenAITarget(Target):
     def _chat_probe(self, image: ImageArray | None) -> None:
         urls = [] if image is None else [data_url(png_bytes(image))]
         payload = chat_body(self.model, chat_image_content(urls, "Say OK."), max_tokens=1, temperature=0)
-        body = self._post("/chat/completions", payload)
+        body = self._post_chat({**payload, "logprobs": True})  # learns whether logprobs come back
         if not isinstance(body.get("choices"), list) or not body["choices"]:
             raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
 
@@ -691,13 +694,23 @@ class OpenAITarget(Target):
         if not self.chat_logprobs:
             payload = {k: v for k, v in payload.items() if k != "logprobs"}
         try:
-            return self._post("/chat/completions", payload)
+            body = self._post("/chat/completions", payload)
         except TargetCallError as exc:
             if not payload.get("logprobs") or "logprob" not in str(exc).lower():
                 raise
             log.info("%s refuses logprobs; asking without them from now on", self.base_url)
             self.chat_logprobs = False
+            self.logprobs = "refused"
             return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
+        if payload.get("logprobs") and self.logprobs == "not asked":
+            choices = body.get("choices")
+            first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+            found = first.get("logprobs")
+            given = isinstance(found, dict) and isinstance(found.get("content"), list)
+            self.logprobs = "given" if given else "ignored"
+            if not given:
+                log.info("%s ignores logprobs: the answers carry none", self.base_url)
+        return body
 
     def generate_stream(
         self,
@@ -762,7 +775,7 @@ class OpenAITarget(Target):
                            "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
                            "untested_modalities": dict(self.gaps), "timeout": self.timeout,
                            "max_retries": self.max_retries, "max_concurrency": self.max_concurrency,
-                           "reconnects": self.reconnects}  # fmt: skip
+                           "reconnects": self.reconnects, "logprobs": self.logprobs}  # fmt: skip
         return out
 
     def close(self) -> None:

@@ -109,7 +109,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             alone = ctx.target.generate(probe, params=params).completions[0]
             seen = {tuple(_tokens(alone))}
             mismatches: list[dict[str, Any]] = []
-            lp_dev = 0.0
+            lp_dev: float | None = None  # None: the target gave no logprobs to compare
             for run in range(p.runs):
                 picks = rng.permutation(64)[: p.batch_size - 1]
                 batch: list[str | list[Message]] = [neighbour(int(k)) for k in picks]
@@ -118,7 +118,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
                 got = ctx.target.generate_batch(batch, params)[position].completions[0]
                 seen.add(tuple(_tokens(got)))
                 dev = _lp_deviation(alone, got)
-                lp_dev = max(lp_dev, dev) if np.isfinite(dev) else lp_dev
+                lp_dev = max(lp_dev or 0.0, dev) if np.isfinite(dev) else lp_dev
                 where = first_divergence(_tokens(alone), _tokens(got))
                 if where is not None:
                     mismatches.append({"run": run, "position_in_batch": position, "first_divergence": where,
@@ -133,8 +133,12 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
         divergences = [m["first_divergence"] for r in bad for m in r["mismatches"]]
         metrics = {"probes": float(len(probes)), "runs": float(p.runs), "mismatched_probes": float(len(bad)),
                    "max_distinct_completions": float(distinct),
-                   "earliest_divergence": float(min(divergences)) if divergences else -1.0,
-                   "max_logprob_deviation": max(r["max_logprob_deviation"] for r in per_probe)}  # fmt: skip
+                   "earliest_divergence": float(min(divergences)) if divergences else -1.0}  # fmt: skip
+        deviations = [r["max_logprob_deviation"] for r in per_probe if r["max_logprob_deviation"] is not None]
+        if deviations:  # a deviation only where one was measured, never a 0 for logprobs nobody sent
+            metrics["max_logprob_deviation"] = max(deviations)
+        logprob_text = (f"max logprob deviation {metrics['max_logprob_deviation']:.2g}" if deviations
+                        else "no logprobs from the target: tokens compared as text")  # fmt: skip
         evidence: dict[str, Any] = {"seed": ctx.seed, "batch_size": p.batch_size, "probes": per_probe,
                                     "neighbour_sizes": [list(z) for z in NEIGHBOUR_SIZES]}  # fmt: skip
         gate = (
@@ -145,7 +149,7 @@ class GenerationBatchInvariance(Check[GenerationBatchInvarianceParams, Generatio
             yield self.finding(
                 ctx, Verdict.PASS,
                 f"greedy tokens identical alone and in {p.runs} heterogeneous batches of {p.batch_size} "
-                f"({len(probes)} probes; max logprob deviation {metrics['max_logprob_deviation']:.2g})",
+                f"({len(probes)} probes; {logprob_text})",
                 metrics=metrics, gate=gate, evidence=evidence,
             )  # fmt: skip
             return
