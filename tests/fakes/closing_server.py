@@ -8,12 +8,15 @@ a race; this fake makes it deterministic: after its 500 it keeps the connection 
 request arrives on it, then resets it without reading an answer (the race lost every time).
 
 Raw sockets, not http.server, because the point is what happens on the wire between two requests.
-A chat request whose text contains ``crash`` answers 500; any other one ``{"content": "ok"}``.
-``reset_all`` resets every chat request instead (a server that really drops them).
+A chat request whose text contains ``crash``, or (``crash_on_bad_image``) whose image part does not
+decode, answers 500, as transformers serve does; any other one ``{"content": "ok"}``. ``reset_all``
+resets every chat request instead (a server that really drops them).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import socket
 import socketserver
@@ -29,6 +32,7 @@ __all__ = ["ClosingConfig", "closing_server"]
 @dataclass
 class ClosingConfig:
     reset_all: bool = False
+    crash_on_bad_image: bool = False
     answered: int = 0
     """Requests answered (200 or 500)."""
     dropped: int = 0
@@ -49,6 +53,25 @@ def _chat(model: str) -> bytes:
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}  # fmt: skip
     return _answer("200 OK", "application/json", json.dumps(body).encode())
+
+
+def _images_decode(body: bytes) -> bool:
+    """Every image part of a chat request is a data URL PIL decodes (a bounded size: no bombs)."""
+    from PIL import Image
+
+    try:
+        urls = [part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
+                for message in json.loads(body)["messages"] if isinstance(message.get("content"), list)
+                for part in message["content"] if part.get("type") == "image_url"]  # fmt: skip
+        for url in urls:
+            head, _, payload = str(url).partition(",")
+            with Image.open(io.BytesIO(base64.b64decode(payload, validate=True))) as image:
+                if not head.startswith("data:image/") or image.width * image.height > 4096 * 4096:
+                    return False
+                image.load()
+    except Exception:
+        return False
+    return True
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -75,7 +98,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 models = {"object": "list", "data": [{"id": "fake-vlm", "object": "model"}]}
                 self.wfile.write(_answer("200 OK", "application/json", json.dumps(models).encode()))
                 continue
-            if b"crash" in body:
+            if b"crash" in body or (self.config.crash_on_bad_image and not _images_decode(body)):
                 self.wfile.write(_answer("500 Internal Server Error", "text/plain; charset=utf-8",
                                          b"Internal Server Error"))  # fmt: skip
                 given_up = True  # uvicorn closes here; the client does not know yet

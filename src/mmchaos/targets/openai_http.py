@@ -61,6 +61,7 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
+from mmchaos.keepalive import WireTrace
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import (
@@ -170,37 +171,6 @@ def _same_vector(x: FloatArray, y: FloatArray) -> bool:
     return float(np.dot(x.ravel(), y.ravel())) / (nx * ny) >= 0.9999
 
 
-class _Wire:
-    """What httpcore's trace says one request did on the wire (httpx's ``trace`` extension).
-
-    uvicorn closes a connection after answering 500 for an exception in the application, without a
-    ``Connection: close`` header (``transformers serve`` and every FastAPI server do it). The next
-    request sent on that kept-alive connection before the close arrives is reset unread: the
-    server's 500 is its own request's failure, and the reset belongs to no input. A request whose
-    reused connection fails before any byte of an answer is therefore sent again on another
-    connection (RFC 9112, section 9.3.1, lets a client do so); one that fails on a new connection is
-    the server's failure and is not.
-    """
-
-    def __init__(self) -> None:
-        self.connected = self.sent = self.answered = False
-
-    def __call__(self, event: str, info: dict[str, Any]) -> None:
-        if event.startswith("connection.connect_tcp."):
-            self.connected = True
-        elif event == "http11.send_request_headers.started":
-            self.sent = True
-        elif event == "http11.receive_response_headers.complete":
-            self.answered = True
-
-    def stale(self, exc: Exception) -> bool:
-        """The request went out on a kept-alive connection that was closed before any answer came."""
-        import httpx
-
-        closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError)
-        return closed and self.sent and not self.connected and not self.answered
-
-
 class OpenAITarget(Target):
     """A target behind an OpenAI-compatible HTTP API; build it with :meth:`connect`."""
 
@@ -268,7 +238,8 @@ class OpenAITarget(Target):
         self._pool_lock = threading.Lock()
         self.retries = 0  # 429/503 answers retried so far
         self.reconnects = 0
-        """Requests sent again because the kept-alive connection they went out on had been closed (:class:`_Wire`)."""
+        """Requests sent again because the kept-alive connection they went out on had been closed
+        (:class:`~mmchaos.keepalive.WireTrace`)."""
         headers = {"Accept": "application/json", "User-Agent": "mmchaos-openai-target"}
         if host_header:
             headers["Host"] = host_header
@@ -459,7 +430,7 @@ class OpenAITarget(Target):
         headers = None if payload is None else {"Content-Type": "application/json"}
         attempt = reconnects = 0
         while True:
-            wire = _Wire()
+            wire = WireTrace()
             with self._slots:
                 try:
                     resp = self._client.request(method, path, content=content, headers=headers,
