@@ -31,6 +31,7 @@ from mmchaos.targets.builtin import TINY_VLM_DIR
 from mmchaos.targets.generation import GenerationParams
 from mmchaos.targets.openai_http import EndpointError, OpenAITarget
 from mmchaos.targets.openai_wire import data_url, png_bytes
+from tests.support.serving import FAST
 
 pytestmark = pytest.mark.integration
 
@@ -170,6 +171,7 @@ def test_a_500_closes_its_connection_and_the_next_request_is_not_blamed(tf_serve
 
 # -- the suites' checks against it ----------------------------------------------------------------
 
+POISONS = ["malformed_base64", "garbage_image", "truncated_png"]
 SUITE: dict[str, Any] = {
     "name": "tfserve",
     "seed": 0,
@@ -183,6 +185,9 @@ SUITE: dict[str, Any] = {
         {"check": "serving_streaming", "params": {"requests": 2, "max_tokens": 8, "load_requests": 4,
                                                   "concurrency": 2, "disconnect": False},
          "gate": {"ttft_slo_ms": 30000, "tpot_slo_ms": 10000}},
+        {"check": "serving_poison", "params": {**FAST, "poisons": POISONS, "poison_s": 1.5,
+                                               "slo": {**FAST["slo"], "p99_ms": 30000}}},
+        {"check": "multi_turn_consistency", "params": {"last_images": 2}},
     ],
 }  # fmt: skip
 """The quick and serving suites' checks that apply to a chat endpoint, at small counts."""
@@ -232,7 +237,9 @@ def test_the_report_says_logprobs_were_ignored(findings: list[dict[str, Any]]) -
 def test_every_failing_finding_is_true(tf_serve: str, findings: list[dict[str, Any]]) -> None:
     failing = {(f["check"], f["title"].split(":")[0]) for f in findings if f["verdict"] in ("fail", "error")}
     assert failing == {("contract", "zero_byte"), ("contract", "truncated_jpeg"),
-                       ("image_token_consistency", "mismatch")}, failing  # fmt: skip
+                       ("image_token_consistency", "mismatch"), ("multi_turn_consistency", "the last turn is not"
+                       " answered about its own image"),
+                       *(("serving_poison", f"poison {kind}") for kind in POISONS)}, failing  # fmt: skip
     # contract: an empty and a truncated image crash the request with a 500 (not a typed 4xx).
     from mmchaos.hostile import CorpusBase, get_case
 
@@ -252,3 +259,45 @@ def test_every_failing_finding_is_true(tf_serve: str, findings: list[dict[str, A
     assert _post(tf_serve, _chat(f"{placeholder} What colour is the shape?")).status_code == 500
     two = _image_parts(RED, f"{placeholder} What colour is the shape?")
     assert _post(tf_serve, _chat(two)).status_code == 500
+
+
+def test_poison_gets_500s_and_the_good_traffic_next_to_it_is_answered(
+    tf_serve: str, findings: list[dict[str, Any]]
+) -> None:
+    isolation = _one(findings, "serving_poison", "isolation")
+    assert isolation["verdict"] == "pass", isolation["title"]  # no good request blamed for a closed connection
+    for kind in POISONS:
+        assert "5xx" in _one(findings, "serving_poison", f"poison {kind}")["title"]
+    for url in ("data:image/png;base64,!!not base64!!", "data:image/png;base64," + "QUJD" * 8):
+        answer = _post(tf_serve, _chat(_image_parts(url)))
+        assert answer.status_code == 500 and not answer.headers["content-type"].startswith("application/json")
+
+
+def test_the_multi_turn_failure_is_what_the_model_does(tf_serve: str, findings: list[dict[str, Any]]) -> None:
+    """True of the deployment, by direct requests: turn 2 is answered with the first image's colour
+    while its own image alone is answered right. The in-process model answers the same chat the same
+    way: transformers serve relays the model faithfully, and the black-box probe (no logprobs) sees it."""
+    from mmchaos.data.vqa import QUESTIONS, known_answer_samples
+    from mmchaos.targets import load_target
+    from mmchaos.targets.generation import Message
+
+    finding = _one(findings, "multi_turn_consistency")
+    (chat,) = [c for c in finding["evidence"]["chats"] if c["known_alone"]]
+    first, *lasts = known_answer_samples(3, "colour", seed=1, split="val")
+    last = next(s for s in lasts if s.answer == chat["right_answer"])
+    params = GenerationParams(max_new_tokens=8, logprobs=False)
+    opening_q, follow_up = QUESTIONS["colour"][0], QUESTIONS["colour"][1]
+    answers = []
+    for target in (OpenAITarget.connect(tf_serve, model=MODEL), load_target("builtin:tiny-vlm")):
+        try:
+            opening = target.generate(opening_q, [first.load_image()], params).text
+            messages = [Message("user", (first.load_image(), opening_q)), Message("assistant", opening),
+                        Message("user", (last.load_image(), follow_up))]  # fmt: skip
+            answers.append((target.generate(messages, params=params).text,
+                            target.generate(follow_up, [last.load_image()], params).text))  # fmt: skip
+        finally:
+            target.close()
+    served, in_process = answers
+    assert first.answer in served[0] and last.answer not in served[0]  # the first image's colour
+    assert last.answer in served[1]  # alone, its own
+    assert served == in_process
