@@ -103,7 +103,14 @@ class _Handler(socketserver.StreamRequestHandler):
                                          b"Internal Server Error"))  # fmt: skip
                 given_up = True  # uvicorn closes here; the client does not know yet
                 continue
-            self.wfile.write(_chat(json.loads(body or b"{}").get("model", "fake-vlm")))
+            request = json.loads(body or b"{}")
+            if request.get("stream"):  # transformers serve's shape: a finish_reason chunk, no [DONE]
+                chunks = [{"choices": [{"index": 0, "delta": {"content": "ok"}}]},
+                          {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]  # fmt: skip
+                events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode()
+                self.wfile.write(_answer("200 OK", "text/event-stream", events))
+                continue
+            self.wfile.write(_chat(request.get("model", "fake-vlm")))
 
 
 class _Server(socketserver.ThreadingTCPServer):

@@ -701,19 +701,26 @@ class OpenAITarget(Target):
         payload["stream"] = True
         content = json.dumps(payload, separators=(",", ":")).encode("ascii")
         path = "/chat/completions"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         with self._slots:
-            try:
-                with self._client.stream("POST", path, content=content,
-                                         headers={"Content-Type": "application/json",
-                                                  "Accept": "text/event-stream"}) as resp:  # fmt: skip
-                    if resp.status_code >= 400:
-                        resp.read()
-                        self._raise_for_status(resp, path)
-                    yield from sse_deltas(resp.iter_lines(), path)
-            except httpx.TimeoutException as exc:
-                raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
-            except httpx.HTTPError as exc:
-                raise EndpointError(f"POST {path}: {type(exc).__name__}: {exc}", code="connection_failed") from None
+            for attempt in range(self.max_concurrency + 1):
+                wire = WireTrace()  # a stream lost before its answer on a closed kept-alive connection: again
+                try:
+                    with self._client.stream("POST", path, content=content, headers=headers,
+                                             extensions={"trace": wire}) as resp:  # fmt: skip
+                        if resp.status_code >= 400:
+                            resp.read()
+                            self._raise_for_status(resp, path)
+                        yield from sse_deltas(resp.iter_lines(), path)
+                    return
+                except httpx.TimeoutException as exc:
+                    raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
+                except httpx.HTTPError as exc:
+                    if wire.stale(exc) and attempt < self.max_concurrency:
+                        with self._rng_lock:
+                            self.reconnects += 1
+                        continue
+                    raise EndpointError(f"POST {path}: {type(exc).__name__}: {exc}", code="connection_failed") from None
 
     def untested_modalities(self) -> dict[str, str]:
         return dict(self.gaps)

@@ -26,11 +26,14 @@ def test_the_request_after_a_500_is_not_blamed_for_the_closed_connection() -> No
             assert crashed.value.status == 500  # the bad request's own failure, reported
             assert target.generate("hello", (), ONE).text == "ok"  # the next one is answered
             assert target.generate("again", (), ONE).text == "ok"
+            with pytest.raises(EndpointError):
+                target.generate("crash now", (), ONE)
+            assert "".join(target.generate_stream("a stream", (), ONE)) == "ok"  # a stream, too
         finally:
             target.close()
-    assert config.dropped == 1, "the next request did reach the given-up connection (the race, lost)"
-    assert target.reconnects == 1
-    assert target.describe()["endpoint"]["reconnects"] == 1
+    assert config.dropped == 2, "the next requests did reach the given-up connections (the race, lost)"
+    assert target.reconnects == 2
+    assert target.describe()["endpoint"]["reconnects"] == 2
 
 
 def test_a_reset_on_a_new_connection_is_still_the_servers_failure() -> None:
