@@ -131,10 +131,13 @@ def leave_mid_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> tupl
 
 
 def _read_to_done(opened: Opened, deadline: float) -> bool:
-    """Read an admitted stream to ``data: [DONE]`` by ``deadline``; closes it."""
+    """Read an admitted stream to its end by ``deadline``: ``data: [DONE]``, or choice 0's
+    ``finish_reason`` (transformers serve sends no ``[DONE]`` and keeps the connection open after
+    the stream: waiting for either a ``[DONE]`` or the close took every such answer for a held slot).
+    Closes it."""
     sock, seen = opened.sock, opened.seen
     try:
-        while sock is not None and b"data: [DONE]" not in seen:
+        while sock is not None and b"data: [DONE]" not in seen and not _FINISHED.search(seen):
             left = deadline - time.perf_counter()
             if left <= 0:
                 return False

@@ -183,7 +183,8 @@ SUITE: dict[str, Any] = {
         {"check": "generation_batch_invariance", "params": {"probes": 1, "runs": 1}},
         {"check": "image_token_consistency"},
         {"check": "serving_streaming", "params": {"requests": 2, "max_tokens": 8, "load_requests": 4,
-                                                  "concurrency": 2, "disconnect": False},
+                                                  "concurrency": 2, "disconnect_max_tokens": 240,
+                                                  "max_probe_streams": 4, "release_timeout_s": 5.0},
          "gate": {"ttft_slo_ms": 30000, "tpot_slo_ms": 10000}},
         {"check": "serving_poison", "params": {**FAST, "poisons": POISONS, "poison_s": 1.5,
                                                "slo": {**FAST["slo"], "p99_ms": 30000}}},
@@ -224,6 +225,17 @@ def test_streaming_is_measured_and_equal(findings: list[dict[str, Any]]) -> None
     assert m["errors"] == 0 and m["goodput_ratio"] == 1.0
     assert 0 < m["ttft_p50_ms"] <= m["ttft_p95_ms"] and m["tpot_p95_ms"] > 0 and m["itl_p50_ms"] > 0
     assert "not measured" not in latency["title"] and "-1" not in latency["title"]
+
+
+def test_the_disconnect_probe_sees_its_streams_end_without_done(findings: list[dict[str, Any]]) -> None:
+    """No gauge: the black-box probe. It read each stream after the disconnects up to [DONE] only, and
+    transformers serve sends none and keeps the connection open: every answered stream looked held,
+    'the slot was not given back'. Read to the finish_reason, all are answered."""
+    probe = _one(findings, "serving_streaming", "disconnect mid-stream")
+    assert probe["verdict"] != "fail", probe["message"]
+    assert probe["evidence"]["method"] == "black-box probe" and probe["evidence"]["tested"]
+    assert probe["metrics"]["answered_after"] == probe["evidence"]["asked_after"] > 0
+    assert "given back" not in probe["title"]  # nothing shown it was: the probe never ran out of slots
 
 
 def test_the_report_says_logprobs_were_ignored(findings: list[dict[str, Any]]) -> None:
