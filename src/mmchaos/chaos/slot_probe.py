@@ -95,7 +95,7 @@ def open_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> Opened:
             if not chunk:
                 break
             seen += chunk
-            if b"data: [DONE]" in seen or _FINISHED.search(seen):
+            if _ended(seen):
                 opened.close()
                 return Opened("ended", "the stream finished before the client left", seen=seen,
                               ttft_s=time.perf_counter() - start)  # fmt: skip
@@ -130,14 +130,18 @@ def leave_mid_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> tupl
     return "left", "read the first delta and closed the connection"
 
 
+def _ended(seen: bytes) -> bool:
+    """Whether a stream read so far has ended: ``[DONE]``, or a chunk with its finish_reason (a
+    server such as transformers serve sends no ``[DONE]``; the usage chunk that may follow the
+    finish is not part of the answer)."""
+    return b"data: [DONE]" in seen or _FINISHED.search(seen) is not None
+
+
 def _read_to_done(opened: Opened, deadline: float) -> bool:
-    """Read an admitted stream to its end by ``deadline``: ``data: [DONE]``, or choice 0's
-    ``finish_reason`` (transformers serve sends no ``[DONE]`` and keeps the connection open after
-    the stream: waiting for either a ``[DONE]`` or the close took every such answer for a held slot).
-    Closes it."""
+    """Read an admitted stream to its end (:func:`_ended`) by ``deadline``; closes it."""
     sock, seen = opened.sock, opened.seen
     try:
-        while sock is not None and b"data: [DONE]" not in seen and not _FINISHED.search(seen):
+        while sock is not None and not _ended(seen):
             left = deadline - time.perf_counter()
             if left <= 0:
                 return False

@@ -33,4 +33,4 @@ def test_what_the_endpoint_does_with_logprobs_is_said(flavour: str, refuse: bool
     assert coverage.verdict.value == "pass"
     assert (f"{said[:-1]}s logprobs" in coverage.title) is (said != "given")  # ignores / refuses
     assert ("max_logprob_deviation" in invariance.metrics) is (said == "given")
-    assert ("no logprobs from the target" in invariance.title) is (said != "given")
+    assert ("no logprobs" in invariance.title) is (said != "given")
