@@ -30,7 +30,6 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mmchaos.errors import ConfigError, DataError
-from mmchaos.keepalive import WireTrace
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve_async
 from mmchaos.targets.openai_forms import ImageForm, embeddings_form, text_body
 
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     import httpx
 
     from mmchaos.data.base import Dataset
+    from mmchaos.keepalive import WireTrace
 
 __all__ = [
     "ERROR_KINDS",
@@ -484,6 +484,8 @@ class LoadDriver:
 
     async def _one(self, client: httpx.AsyncClient, index: int, req: LoadRequest) -> None:
         import httpx
+
+        from mmchaos.keepalive import WireTrace
 
         cfg = self.config
         loop = asyncio.get_running_loop()

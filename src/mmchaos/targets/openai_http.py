@@ -61,7 +61,6 @@ import numpy as np
 from pydantic import Field
 
 from mmchaos.errors import CapabilityError, TargetCallError, TargetLoadError
-from mmchaos.keepalive import WireTrace
 from mmchaos.net import REMOTE_REFUSED, non_loopback, resolve
 from mmchaos.targets.base import Capability, Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import (
@@ -216,9 +215,8 @@ class OpenAITarget(Target):
         """Modalities the endpoint handles in part that could not be tested, with the reason."""
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
-        self.logprobs: Literal["not asked", "given", "ignored", "refused"] = "not asked"
-        """What the endpoint did the first time chat logprobs were asked for: gave them, answered without
-        them (transformers serve, Ollama) or refused the request (then asked again without)."""
+        self.logprobs_seen: Literal["not asked", "given", "ignored"] = "not asked"
+        """Whether the first answer to ask for chat logprobs carried them (:attr:`logprobs`)."""
         self.max_items = max_items
         self.api_key_env = api_key_env
         self.timeout = timeout
@@ -405,7 +403,9 @@ class OpenAITarget(Target):
     def _chat_probe(self, image: ImageArray | None) -> None:
         urls = [] if image is None else [data_url(png_bytes(image))]
         payload = chat_body(self.model, chat_image_content(urls, "Say OK."), max_tokens=1, temperature=0)
-        body = self._post_chat({**payload, "logprobs": True})  # learns whether logprobs come back
+        asked = {**payload, "logprobs": True}  # learns whether logprobs come back
+        body = self._post_chat(asked)
+        self._note_logprobs(asked, body)
         if not isinstance(body.get("choices"), list) or not body["choices"]:
             raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
 
@@ -425,6 +425,8 @@ class OpenAITarget(Target):
 
     def _request(self, method: str, path: str, payload: Any = None) -> Any:
         import httpx
+
+        from mmchaos.keepalive import WireTrace
 
         content = None if payload is None else json.dumps(payload, separators=(",", ":")).encode("ascii")
         headers = None if payload is None else {"Content-Type": "application/json"}
@@ -613,6 +615,7 @@ class OpenAITarget(Target):
         params = params or GenerationParams()
         payload = self._chat_payload(prompt, images, params)
         body = self._post_chat(payload)
+        self._note_logprobs(payload, body)
         choices, prompt_tokens = choices_of(body)
         emulated = 0
         while len(choices) < params.n:
@@ -665,23 +668,31 @@ class OpenAITarget(Target):
         if not self.chat_logprobs:
             payload = {k: v for k, v in payload.items() if k != "logprobs"}
         try:
-            body = self._post("/chat/completions", payload)
+            return self._post("/chat/completions", payload)
         except TargetCallError as exc:
             if not payload.get("logprobs") or "logprob" not in str(exc).lower():
                 raise
             log.info("%s refuses logprobs; asking without them from now on", self.base_url)
             self.chat_logprobs = False
-            self.logprobs = "refused"
             return self._post("/chat/completions", {k: v for k, v in payload.items() if k != "logprobs"})
-        if payload.get("logprobs") and self.logprobs == "not asked":
-            choices = body.get("choices")
-            first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-            found = first.get("logprobs")
-            given = isinstance(found, dict) and isinstance(found.get("content"), list)
-            self.logprobs = "given" if given else "ignored"
-            if not given:
-                log.info("%s ignores logprobs: the answers carry none", self.base_url)
-        return body
+
+    def _note_logprobs(self, payload: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        """Record, the first time logprobs were asked for, whether the answer carried them."""
+        if not payload.get("logprobs") or self.logprobs_seen != "not asked":
+            return
+        choices = body.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        found = first.get("logprobs")
+        given = isinstance(found, dict) and isinstance(found.get("content"), list)
+        self.logprobs_seen = "given" if given else "ignored"
+        if not given and self.chat_logprobs:
+            log.info("%s ignores logprobs: the answers carry none", self.base_url)
+
+    @property
+    def logprobs(self) -> Literal["not asked", "given", "ignored", "refused"]:
+        """What the endpoint did the first time chat logprobs were asked for: gave them, answered
+        without them (transformers serve, Ollama) or refused the request (asked again without)."""
+        return "refused" if not self.chat_logprobs else self.logprobs_seen
 
     def generate_stream(
         self,
@@ -691,6 +702,8 @@ class OpenAITarget(Target):
     ) -> Iterator[str]:
         """The first completion's text deltas, read from ``stream: true`` server-sent events."""
         import httpx
+
+        from mmchaos.keepalive import WireTrace
 
         self._require(Capability.GENERATE, "generate")
         params = params or GenerationParams()
