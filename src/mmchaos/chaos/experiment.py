@@ -69,8 +69,12 @@ class Experiment:
         description: str,
         proxy: bool = True,
         served: Target | None = None,
+        resend_stale: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.resend_stale = resend_stale
+        """Load requests lost on a kept-alive connection the server had closed are sent again
+        (:class:`~mmchaos.keepalive.WireTrace`); off where connection faults are what is injected."""
         self.params = params
         self.slo = params.slo
         self.title = title
@@ -367,6 +371,7 @@ class Experiment:
             slo_latency_ms=self.slo.p99_ms,
             allow_remote=not p.budget.loopback_only,
             seed=self.seed + self._phase_no,
+            resend_stale=self.resend_stale,
         )
         loop = asyncio.get_running_loop()
         tracker = WindowTracker(self.slo, loop.time())

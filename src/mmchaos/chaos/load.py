@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import httpx
 
     from mmchaos.data.base import Dataset
+    from mmchaos.keepalive import WireTrace
 
 __all__ = [
     "ERROR_KINDS",
@@ -84,6 +85,11 @@ class LoadConfig(BaseModel):
     slo_latency_ms: float = Field(default=1000.0, gt=0, description="a good request succeeds within this")
     allow_remote: bool = False
     seed: int = 0
+    resend_stale: bool = Field(
+        default=False,
+        description="send a request again, once, when the kept-alive connection it went out on had been closed "
+        "before any answer (uvicorn closes after a 500): off where injected connection faults are the experiment",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> LoadConfig:
@@ -226,6 +232,8 @@ class LoadResult:
     by_kind: dict[str, dict[str, Any]]
     aborted: str | None = None
     records: list[RequestRecord] = field(default_factory=list, repr=False)
+    resent: int = 0
+    """Requests sent again after their kept-alive connection had been closed (``resend_stale``)."""
 
     @property
     def attempted(self) -> int:
@@ -360,6 +368,7 @@ class LoadDriver:
         self._records: list[RequestRecord] = []
         self._cancelled = 0
         self._sent = 0
+        self._resent = 0
 
     def abort(self, reason: str = "aborted") -> None:
         """Stop sending; requests in flight are cancelled. Safe to call from ``on_record``."""
@@ -406,7 +415,7 @@ class LoadDriver:
         assert abort is not None
         self._t0 = loop.time()
         self._deadline = self._t0 + cfg.max_duration
-        self._records, self._cancelled, self._sent = [], 0, 0
+        self._records, self._cancelled, self._sent, self._resent = [], 0, 0, 0
         rng = random.Random(f"{cfg.seed}:payload")
         tasks: list[asyncio.Task[None]] = []
         if cfg.mode == "closed":
@@ -475,6 +484,10 @@ class LoadDriver:
                 await asyncio.wait(list(in_flight), timeout=5.0)
 
     async def _one(self, client: httpx.AsyncClient, index: int, req: LoadRequest) -> None:
+        import httpx
+
+        from mmchaos.keepalive import WireTrace
+
         cfg = self.config
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -483,14 +496,17 @@ class LoadDriver:
         error: str | None = None
         self._sent += 1
         try:
-            response = await client.request(
-                req.method,
-                req.path,
-                json=req.json_body if req.content is None else None,
-                content=req.content,
-                headers=dict(req.headers),
-                timeout=timeout,
-            )
+            # At most one resend per connection the pool may hold: each stale one is dropped when it fails.
+            tries = 1 + ((cfg.concurrency or cfg.max_in_flight) if cfg.resend_stale else 0)
+            for attempt in range(tries):
+                wire = WireTrace()
+                try:
+                    response = await self._send(client, req, timeout, wire)
+                    break
+                except httpx.HTTPError as exc:
+                    if attempt + 1 == tries or not wire.stale(exc):
+                        raise
+                    self._resent += 1  # the server had closed that connection after an earlier answer
             status = response.status_code
             if status >= 300:
                 error = f"http_{status // 100}xx"
@@ -507,6 +523,18 @@ class LoadDriver:
         latency = loop.time() - start
         good = error is None and latency * 1000.0 <= cfg.slo_latency_ms
         self._record(RequestRecord(index, req.kind, start - self._t0, latency, status, error, good))
+
+    @staticmethod
+    async def _send(client: httpx.AsyncClient, req: LoadRequest, timeout: float, wire: WireTrace) -> httpx.Response:
+        return await client.request(
+            req.method,
+            req.path,
+            json=req.json_body if req.content is None else None,
+            content=req.content,
+            headers=dict(req.headers),
+            timeout=timeout,
+            extensions={"trace": wire.event},
+        )
 
     def _record(self, record: RequestRecord) -> None:
         self._records.append(record)
@@ -557,6 +585,7 @@ class LoadDriver:
             by_kind=by_kind,
             aborted=self._abort_reason,
             records=records,
+            resent=self._resent,
         )
 
 

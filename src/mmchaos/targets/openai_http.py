@@ -24,7 +24,9 @@ Arrays are sent as lossless PNG, encoded bytes (``embed_encoded_images``) exactl
 server's own decoder is what the contract check exercises. Requests go only to loopback addresses
 unless ``allow_remote`` (checked by resolving the host; for ``http`` the resolved address is then
 used, so a later DNS answer cannot move the traffic elsewhere). 429 and 503 answers are retried with
-jittered exponential backoff that honours Retry-After; nothing else is retried.
+jittered exponential backoff that honours Retry-After; a request that went out on a kept-alive
+connection the server had already closed (uvicorn does after a 500) is sent again on another one
+(counted in ``reconnects``); nothing else is retried.
 
 How failures surface, mirroring an in-process target: a 4xx answer is the server refusing the
 input, a typed :class:`~mmchaos.errors.TargetCallError` carrying the server's stable code; a 5xx,
@@ -222,6 +224,8 @@ class OpenAITarget(Target):
         """A generative model's context limit, likewise (the metadata's ``context_tokens`` or ``max_model_len``)."""
         self.chat_logprobs = True
         """Whether to ask chat completions for logprobs (off once the server refuses them)."""
+        self.logprobs_seen: Literal["not asked", "given", "ignored"] = "not asked"
+        """Whether the first answer to ask for chat logprobs carried them (:attr:`logprobs`)."""
         self.max_items = max_items
         self.api_key_env = api_key_env
         self.timeout = timeout
@@ -240,6 +244,9 @@ class OpenAITarget(Target):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self.retries = 0  # 429/503 answers retried so far
+        self.reconnects = 0
+        """Requests sent again because the kept-alive connection they went out on had been closed
+        (:class:`~mmchaos.keepalive.WireTrace`)."""
         headers = {"Accept": "application/json", "User-Agent": "mmchaos-openai-target"}
         if host_header:
             headers["Host"] = host_header
@@ -419,7 +426,9 @@ class OpenAITarget(Target):
     def _chat_probe(self, image: ImageArray | None) -> None:
         urls = [] if image is None else [data_url(png_bytes(image))]
         payload = chat_body(self.model, chat_image_content(urls, "Say OK."), max_tokens=1, temperature=0)
-        body = self._post("/chat/completions", payload)
+        asked = {**payload, "logprobs": True}  # learns whether logprobs come back
+        body = self._post_chat(asked)
+        self._note_logprobs(asked, body)
         if not isinstance(body.get("choices"), list) or not body["choices"]:
             raise EndpointError("POST /chat/completions: no choices in the answer", code="bad_response")
 
@@ -440,18 +449,28 @@ class OpenAITarget(Target):
     def _request(self, method: str, path: str, payload: Any = None) -> Any:
         import httpx
 
+        from mmchaos.keepalive import WireTrace
+
         content = None if payload is None else json.dumps(payload, separators=(",", ":")).encode("ascii")
         headers = None if payload is None else {"Content-Type": "application/json"}
-        attempt = 0
+        attempt = reconnects = 0
         while True:
+            wire = WireTrace()
             with self._slots:
                 try:
-                    resp = self._client.request(method, path, content=content, headers=headers)
+                    resp = self._client.request(method, path, content=content, headers=headers,
+                                                extensions={"trace": wire})  # fmt: skip
                 except httpx.TimeoutException as exc:
                     raise EndpointError(
                         f"{method} {path}: no answer within {self.timeout:g}s ({type(exc).__name__})", code="timeout"
                     ) from None
                 except httpx.HTTPError as exc:
+                    if wire.stale(exc) and reconnects < self.max_concurrency:
+                        log.debug("%s %s: the reused connection was closed (%s); sent again", method, path, exc)
+                        reconnects += 1
+                        with self._rng_lock:
+                            self.reconnects += 1
+                        continue
                     raise EndpointError(
                         f"{method} {path}: {type(exc).__name__}: {exc}", code="connection_failed"
                     ) from None
@@ -621,6 +640,7 @@ class OpenAITarget(Target):
         params = params or GenerationParams()
         payload = self._chat_payload(prompt, images, params)
         body = self._post_chat(payload)
+        self._note_logprobs(payload, body)
         choices, prompt_tokens = choices_of(body)
         emulated = 0
         while len(choices) < params.n:
@@ -683,6 +703,24 @@ class OpenAITarget(Target):
             self.chat_logprobs = False
             return self._post("/chat/completions", {k: v for k, v in payload.items() if k not in _LOGPROB_FIELDS})
 
+    def _note_logprobs(self, payload: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        """Record, the first time logprobs were asked for, whether the answer carried them."""
+        if not payload.get("logprobs") or self.logprobs_seen != "not asked":
+            return
+        choices = body.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        found = first.get("logprobs")
+        given = isinstance(found, dict) and isinstance(found.get("content"), list)
+        self.logprobs_seen = "given" if given else "ignored"
+        if not given and self.chat_logprobs:
+            log.info("%s ignores logprobs: the answers carry none", self.base_url)
+
+    @property
+    def logprobs(self) -> Literal["not asked", "given", "ignored", "refused"]:
+        """What the endpoint did the first time chat logprobs were asked for: gave them, answered
+        without them (transformers serve, Ollama) or refused the request (asked again without)."""
+        return "refused" if not self.chat_logprobs else self.logprobs_seen
+
     def generate_stream(
         self,
         prompt: str | Sequence[Message],
@@ -691,6 +729,8 @@ class OpenAITarget(Target):
     ) -> Iterator[str]:
         """The first completion's text deltas, read from ``stream: true`` server-sent events."""
         import httpx
+
+        from mmchaos.keepalive import WireTrace
 
         self._require(Capability.GENERATE, "generate")
         params = params or GenerationParams()
@@ -702,19 +742,26 @@ class OpenAITarget(Target):
         payload["stream"] = True
         content = json.dumps(payload, separators=(",", ":")).encode("ascii")
         path = "/chat/completions"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         with self._slots:
-            try:
-                with self._client.stream("POST", path, content=content,
-                                         headers={"Content-Type": "application/json",
-                                                  "Accept": "text/event-stream"}) as resp:  # fmt: skip
-                    if resp.status_code >= 400:
-                        resp.read()
-                        self._raise_for_status(resp, path)
-                    yield from sse_deltas(resp.iter_lines(), path)
-            except httpx.TimeoutException as exc:
-                raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
-            except httpx.HTTPError as exc:
-                raise EndpointError(f"POST {path}: {type(exc).__name__}: {exc}", code="connection_failed") from None
+            for attempt in range(self.max_concurrency + 1):
+                wire = WireTrace()  # a stream lost before its answer on a closed kept-alive connection: again
+                try:
+                    with self._client.stream("POST", path, content=content, headers=headers,
+                                             extensions={"trace": wire}) as resp:  # fmt: skip
+                        if resp.status_code >= 400:
+                            resp.read()
+                            self._raise_for_status(resp, path)
+                        yield from sse_deltas(resp.iter_lines(), path)
+                    return
+                except httpx.TimeoutException as exc:
+                    raise EndpointError(f"POST {path}: stream stalled ({type(exc).__name__})", code="timeout") from None
+                except httpx.HTTPError as exc:
+                    if wire.stale(exc) and attempt < self.max_concurrency:
+                        with self._rng_lock:
+                            self.reconnects += 1
+                        continue
+                    raise EndpointError(f"POST {path}: {type(exc).__name__}: {exc}", code="connection_failed") from None
 
     def untested_modalities(self) -> dict[str, str]:
         return dict(self.gaps)
@@ -746,7 +793,8 @@ class OpenAITarget(Target):
         out["endpoint"] = {"base_url": self.base_url, "model": self.model, "image_input": self.image_input,
                            "api_key_env": self.api_key_env, "api_key_set": self.has_api_key, "probe": self.probe,
                            "untested_modalities": dict(self.gaps), "timeout": self.timeout,
-                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency}  # fmt: skip
+                           "max_retries": self.max_retries, "max_concurrency": self.max_concurrency,
+                           "reconnects": self.reconnects, "logprobs": self.logprobs}  # fmt: skip
         return out
 
     def close(self) -> None:

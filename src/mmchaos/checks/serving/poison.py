@@ -205,9 +205,12 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
             kinds = [k for k in kinds if POISONS[k].needs != Capability.EMBED_IMAGE]
         bar = ctx.progress.task(f"{ctx.check_id}: poison", total=3)
         findings: list[Finding] = []
+        # uvicorn closes a connection after a poison request's 500: a request that went out on it next was
+        # never read, so it is sent again (counted) instead of counted against good traffic or the next poison.
         ex = Experiment(
-            ctx, p, title="poison isolation", description="poison inputs mixed into good traffic; good must succeed"
-        )
+            ctx, p, title="poison isolation", description="poison inputs mixed into good traffic; good must succeed",
+            resend_stale=True,
+        )  # fmt: skip
         mixed: Phase | None = None
         settle: float | None = None
         try:
@@ -282,6 +285,7 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
             "good_failures": failures,
             "first_good_failure_s": first_failure,
             "poison_requests": poison_requests,
+            "resent_after_closed_connection": ph.result.resent,
             "baseline_p99_ms": baseline_p99,
             "settled_after_s": settle,
             "phase": ph.summary(ex.slo, windows=True),
