@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from mmchaos.targets.base import Target
 from tests.fakes.chat_vlm_server import ChatServerConfig, chat_vlm_server
 from tests.paths import REPO
 from tests.support import run_check_class
+from tests.support.served import mmchaos_serve
 from tests.support.serving import FAST
 
 pytestmark = pytest.mark.integration
@@ -45,7 +43,6 @@ FAST_BREAKER = {"failure_rate_threshold": 50, "sliding_window_size": 20, "minimu
                 "wait_duration_in_open_state": 1.0, "permitted_number_of_calls_in_half_open_state": 3}  # fmt: skip
 RESILIENCE: dict[str, Any] = {**FAST, "failure_s": 0.6, "retry_calls": 6, "max_recovery_s": 4.0,
                               "server": {"breaker": FAST_BREAKER}}  # fmt: skip
-LAUNCH = "from mmchaos.cli import main; main()"
 ROOMY = {"slo": {**FAST["slo"], "p99_ms": 5000}}
 """For the tiny VLM: a p99 objective its answers meet on any busy machine (no verdict here is a timing
 test; the faults in these runs are all expected to take the service out of its SLO)."""
@@ -72,20 +69,9 @@ def assert_all_pass(findings: list[Finding], skipped: tuple[str, ...] = ()) -> N
 def served_vlm() -> Iterator[str]:
     """``mmchaos serve --target builtin:tiny-vlm`` in a child process, on one torch thread."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--target", "builtin:tiny-vlm", "--port", "0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    found = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-    try:
-        assert found, f"no ready line: {line!r}"
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    with mmchaos_serve(env, "--target", "builtin:tiny-vlm") as url:
+        yield url
 
 
 SUITE: dict[str, Any] = {
