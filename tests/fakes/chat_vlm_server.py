@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
+from tests.fakes.loopback import serving
 from tests.fakes.openai_server import JSONHandler
 from tests.fakes.vlm import PixelVQATarget, question_kind
 
@@ -241,11 +242,5 @@ class _Server(ThreadingHTTPServer):
 def chat_vlm_server(config: ChatServerConfig | None = None) -> Iterator[str]:
     """Serve ``config`` (the clean server by default) on a loopback port; yields ``http://127.0.0.1:P/v1``."""
     server = _Server(config or ChatServerConfig())
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server) as url:
+        yield url

@@ -21,10 +21,11 @@ import json
 import socket
 import socketserver
 import struct
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from tests.fakes.loopback import serving
 
 __all__ = ["ClosingConfig", "closing_server"]
 
@@ -123,11 +124,5 @@ def closing_server(config: ClosingConfig) -> Iterator[str]:
     """Serve on 127.0.0.1 (a free port); yields the base URL ``http://127.0.0.1:P/v1``."""
     handler = type("Handler", (_Handler,), {"config": config})
     server = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, name="closing-server", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server, name="closing-server") as url:
+        yield url

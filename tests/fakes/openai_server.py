@@ -49,7 +49,6 @@ import hashlib
 import io
 import json
 import random
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +58,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from tests.fakes.loopback import serving
 
 COLOURS = {0: "red", 1: "green", 2: "blue"}
 
@@ -393,11 +394,5 @@ class _Server(ThreadingHTTPServer):
 def fake_openai_server(config: FakeConfig) -> Iterator[str]:
     """Serve ``config`` on a loopback port; yields the base URL (``http://127.0.0.1:P/v1``)."""
     server = _Server(config)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server) as url:
+        yield url

@@ -10,7 +10,6 @@ vLLM cannot run here (no GPU). This speaks real HTTP on 127.0.0.1 (``http.server
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
@@ -19,6 +18,7 @@ from typing import Any
 from mmchaos.errors import TargetCallError
 from mmchaos.targets.base import Target
 from mmchaos.targets.generation import GenerationParams, Message
+from tests.fakes.loopback import serving
 from tests.fakes.openai_server import JSONHandler
 
 __all__ = ["target_chat_server"]
@@ -69,11 +69,5 @@ class _Handler(JSONHandler):
 def target_chat_server(target: Target, *, model: str = "fake-llm", max_model_len: int | None = None) -> Iterator[str]:
     """Serve ``target`` on a loopback port; yields the base URL (``http://127.0.0.1:P/v1``)."""
     server = _Server(target, model, max_model_len)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server) as url:
+        yield url

@@ -94,14 +94,22 @@ def _llama(vocab: int, **extra: Any) -> dict[str, Any]:
             "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 256, **extra}  # fmt: skip
 
 
-def _llava(out: Path) -> None:
-    t = require("transformers")
+def _llava_parts(t: Any) -> tuple[Any, Any, Any]:
+    """The tokenizer, CLIP vision config and Llama text config LLaVA and LLaVA-NeXT share: the two
+    differ only in how an image becomes tokens (one tile against any-resolution tiles)."""
     tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
     ids = tok.convert_tokens_to_ids
     vision = t.CLIPVisionConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
                                 num_attention_heads=2, image_size=28, patch_size=14, projection_dim=HIDDEN)  # fmt: skip
     text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<s>"), eos_token_id=ids("</s>"),
                                   pad_token_id=ids("<pad>")))  # fmt: skip
+    return tok, vision, text
+
+
+def _llava(out: Path) -> None:
+    t = require("transformers")
+    tok, vision, text = _llava_parts(t)
+    ids = tok.convert_tokens_to_ids
     config = t.LlavaConfig(vision_config=vision, text_config=text, image_token_index=ids("<image>"),
                            vision_feature_layer=-1, vision_feature_select_strategy="default")  # fmt: skip
     config.pad_token_id = ids("<pad>")
@@ -335,12 +343,8 @@ def _llava_next(out: Path) -> None:
     """LLaVA-NeXT: CLIP tower, any-resolution tiles (a base image plus the best-fitting grid of
     28-pixel tiles here), a newline token per row; the image's size decides its tokens."""
     t = require("transformers")
-    tok = byte_tokenizer(["<image>"], bos="<s>", eos="</s>", pad="<pad>")
+    tok, vision, text = _llava_parts(t)
     ids = tok.convert_tokens_to_ids
-    vision = t.CLIPVisionConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
-                                num_attention_heads=2, image_size=28, patch_size=14, projection_dim=HIDDEN)  # fmt: skip
-    text = t.LlamaConfig(**_llama(len(tok), bos_token_id=ids("<s>"), eos_token_id=ids("</s>"),
-                                  pad_token_id=ids("<pad>")))  # fmt: skip
     grid = [[28, 28], [28, 56], [56, 28]]
     config = t.LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=ids("<image>"),
                                vision_feature_layer=-1, vision_feature_select_strategy="default",

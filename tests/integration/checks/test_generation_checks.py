@@ -32,6 +32,7 @@ from mmchaos.targets import load_target
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
 from mmchaos.targets.tiny_vlms import build_tiny_vlm
 from tests.fakes import broken_vlms as bv
+from tests.support.vlms import loaded_vlms
 
 pytestmark = pytest.mark.integration
 
@@ -52,20 +53,9 @@ def qwen(qwen_dir: Path) -> Iterator[HFVisionLanguageTarget]:
 
 
 @pytest.fixture(scope="module")
-def family_vlms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], HFVisionLanguageTarget]]:
-    """Loads one tiny VLM per family on first use, for this module (the checks leave models as they were)."""
-    loaded: dict[str, HFVisionLanguageTarget] = {}
-
-    def get(family: str) -> HFVisionLanguageTarget:
-        if family not in loaded:
-            target = load_target(f"hf:{build_tiny_vlm(family, tmp_path_factory.mktemp(family))}")
-            assert isinstance(target, HFVisionLanguageTarget)
-            loaded[family] = target
-        return loaded[family]
-
-    yield get
-    for target in loaded.values():
-        target.close()
+def family_vlms(tiny_vlm_dirs: Callable[[str], Path]) -> Iterator[Callable[[str], HFVisionLanguageTarget]]:
+    """Loads one tiny VLM per family on first use, for this module (the session's built directories)."""
+    yield from loaded_vlms(tiny_vlm_dirs)
 
 
 def run_check(check: Any, target: Any) -> list[Finding]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 import yaml
 
 from mmchaos.targets.builtin import TINY_VLM_DIR
+from tests.support.served import mmchaos_serve
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +47,6 @@ answered in one left-padded batch, served ones one by one: tokens agree exactly 
 (see docs/vlm.md), and this leaves room for one near-tie answer of 8 flipping on another machine."""
 TIMING = re.compile(r"(_ms|_s$|_s_|ttft|tpot|itl|goodput|latency|per_s|rps|throughput|release|wall)")
 """Metrics that measure time: they differ between any two runs and are not compared."""
-LAUNCH = "from mmchaos.cli import main; main()"
 
 
 @pytest.fixture()
@@ -66,20 +64,8 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture()
 def served_vlm(subprocess_env: dict[str, str]) -> Iterator[str]:
-    env = {**subprocess_env, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--target", "builtin:tiny-vlm", "--port", "0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    found = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-    try:
-        assert found, f"no ready line: {line!r}"
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    with mmchaos_serve(subprocess_env, "--target", "builtin:tiny-vlm") as url:
+        yield url
 
 
 def _validate(run_cli: Any, out: Path, *target: str) -> tuple[int, list[dict[str, Any]]]:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from mmchaos.targets.base import Target
 from tests.fakes.chat_vlm_server import ChatServerConfig, chat_vlm_server
 from tests.paths import REPO
 from tests.support import run_check_class
+from tests.support.served import mmchaos_serve
 from tests.support.serving import FAST
 
 pytestmark = pytest.mark.integration
@@ -45,7 +43,6 @@ FAST_BREAKER = {"failure_rate_threshold": 50, "sliding_window_size": 20, "minimu
                 "wait_duration_in_open_state": 1.0, "permitted_number_of_calls_in_half_open_state": 3}  # fmt: skip
 RESILIENCE: dict[str, Any] = {**FAST, "failure_s": 0.6, "retry_calls": 6, "max_recovery_s": 4.0,
                               "server": {"breaker": FAST_BREAKER}}  # fmt: skip
-LAUNCH = "from mmchaos.cli import main; main()"
 ROOMY = {"slo": {**FAST["slo"], "p99_ms": 5000}}
 """For the tiny VLM: a p99 objective its answers meet on any busy machine (no verdict here is a timing
 test; the faults in these runs are all expected to take the service out of its SLO)."""
@@ -53,6 +50,16 @@ test; the faults in these runs are all expected to take the service out of its S
 
 def run(check: Any, target: Target, params: dict[str, Any]) -> list[Finding]:
     return run_check_class(check, target, params, data=DATA)
+
+
+def served(config: ChatServerConfig, *runs: tuple[Any, dict[str, Any]]) -> list[list[Finding]]:
+    """Serve ``config`` on loopback and run each (check, params) in turn through one ``openai:`` target."""
+    with chat_vlm_server(config) as url:
+        target = load_target(f"openai:{url}")
+        try:
+            return [run(check, target, params) for check, params in runs]
+        finally:
+            target.close()
 
 
 def experiment(findings: list[Finding]) -> Finding:
@@ -72,20 +79,9 @@ def assert_all_pass(findings: list[Finding], skipped: tuple[str, ...] = ()) -> N
 def served_vlm() -> Iterator[str]:
     """``mmchaos serve --target builtin:tiny-vlm`` in a child process, on one torch thread."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--target", "builtin:tiny-vlm", "--port", "0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    found = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-    try:
-        assert found, f"no ready line: {line!r}"
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    with mmchaos_serve(env, "--target", "builtin:tiny-vlm") as url:
+        yield url
 
 
 SUITE: dict[str, Any] = {
@@ -155,13 +151,7 @@ def test_both_checks_pass_in_process_on_the_builtin_vlm(tiny_vlm: Target) -> Non
 def test_the_clean_chat_fake_passes_both() -> None:
     """The black-box fake without its bugs passes: the broken tests below fail for their bug alone."""
     config = ChatServerConfig()
-    with chat_vlm_server(config) as url:
-        target = load_target(f"openai:{url}")
-        try:
-            faults = run(ServingFaults, target, FAULTS)
-            resilience = run(ServingResilience, target, RESILIENCE)
-        finally:
-            target.close()
+    faults, resilience = served(config, (ServingFaults, FAULTS), (ServingResilience, RESILIENCE))
     assert_all_pass(faults)
     [cut] = [f for f in faults if f.evidence.get("fault") == "stream_cut"]
     # close-delimited streams: a cut one reads as a clean end of the body, and it is recognised as cut
@@ -172,12 +162,7 @@ def test_the_clean_chat_fake_passes_both() -> None:
 @pytest.mark.check_contract("serving_faults", "broken")
 def test_an_engine_that_dies_once_a_stream_is_left_fails_serving_faults() -> None:
     config = ChatServerConfig(dies_on_disconnect=True, token_delay_s=0.01)
-    with chat_vlm_server(config) as url:
-        target = load_target(f"openai:{url}")
-        try:
-            findings = run(ServingFaults, target, FAULTS)
-        finally:
-            target.close()
+    [findings] = served(config, (ServingFaults, FAULTS))
     assert config.dead, "a stream was left mid-way (by a fault or the end of a phase) and killed the engine"
     exp = experiment(findings)
     assert exp.verdict == Verdict.FAIL, exp.title
@@ -197,12 +182,7 @@ def test_a_server_that_answers_from_a_left_streams_cache_fails_on_its_known_answ
     """Every fault is absorbed and the SLO holds before and after (fast 200s): only the known answers,
     asked again after the faults, show the server answering about another request's image."""
     config = ChatServerConfig(stale_after_left=3, token_delay_s=0.01)
-    with chat_vlm_server(config) as url:
-        target = load_target(f"openai:{url}")
-        try:
-            findings = run(ServingFaults, target, FAULTS)
-        finally:
-            target.close()
+    [findings] = served(config, (ServingFaults, FAULTS))
     [answers] = [f for f in findings if f.title.startswith("known answers")]
     assert answers.verdict == Verdict.FAIL and answers.metrics["lost"] >= 1, answers.title
     assert answers.metrics["right_before"] == 8, answers.evidence["before"]
@@ -214,13 +194,7 @@ def test_a_server_that_answers_from_a_left_streams_cache_fails_on_its_known_answ
 @pytest.mark.check_contract("serving_resilience", "broken")
 def test_a_server_that_drops_streams_without_saying_so_fails_both() -> None:
     config = ChatServerConfig(drop_every=3)
-    with chat_vlm_server(config) as url:
-        target = load_target(f"openai:{url}")
-        try:
-            faults = run(ServingFaults, target, FAULTS)
-            resilience = run(ServingResilience, target, RESILIENCE)
-        finally:
-            target.close()
+    faults, resilience = served(config, (ServingFaults, FAULTS), (ServingResilience, RESILIENCE))
     for findings in (faults, resilience):
         exp = experiment(findings)
         assert exp.verdict == Verdict.FAIL, exp.title
@@ -248,12 +222,7 @@ def test_a_client_that_takes_a_cut_stream_for_a_whole_one_fails_the_cut_stream_p
                         yield str(choice["delta"]["content"])
 
     monkeypatch.setattr(openai_http, "sse_deltas", lenient)
-    with chat_vlm_server(ChatServerConfig()) as url:
-        target = load_target(f"openai:{url}")
-        try:
-            findings = run(ServingResilience, target, {**RESILIENCE, "retries": False, "stream_calls": 2})
-        finally:
-            target.close()
+    [findings] = served(ChatServerConfig(), (ServingResilience, {**RESILIENCE, "retries": False, "stream_calls": 2}))
     [cut] = [f for f in findings if f.title.startswith("cut streams")]
     assert cut.verdict == Verdict.FAIL and cut.metrics["accepted_cut"] >= 1, cut.title
     assert "came back to the caller as complete" in cut.message

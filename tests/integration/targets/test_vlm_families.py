@@ -36,6 +36,7 @@ from tests.fakes import broken_models as bm
 from tests.fakes import broken_targets as bt
 from tests.paths import DOCS
 from tests.support import run_check_class
+from tests.support.vlms import loaded_vlms
 
 pytestmark = pytest.mark.integration
 
@@ -73,18 +74,7 @@ CONTRASTIVE_CHECKS: tuple[tuple[str, dict[str, Any]], ...] = (
 @pytest.fixture(scope="module")
 def vlm(tiny_vlm_dirs: Any) -> Iterator[Callable[[str], HFVisionLanguageTarget]]:
     """``family -> loaded hf: target``, loaded once for this module (the checks leave a model as it was)."""
-    loaded: dict[str, HFVisionLanguageTarget] = {}
-
-    def get(family: str) -> HFVisionLanguageTarget:
-        if family not in loaded:
-            target = load_target(f"hf:{tiny_vlm_dirs(family)}")
-            assert isinstance(target, HFVisionLanguageTarget)
-            loaded[family] = target
-        return loaded[family]
-
-    yield get
-    for target in loaded.values():
-        target.close()
+    yield from loaded_vlms(tiny_vlm_dirs)
 
 
 #: The families whose processor places the image itself, before the prompt: one image a request.

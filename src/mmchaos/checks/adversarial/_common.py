@@ -16,11 +16,20 @@ from mmchaos.attacks.plan import ImageArray
 from mmchaos.checks.evidence import image_artifact, safe_name
 from mmchaos.data.base import Dataset
 from mmchaos.findings import Artifact
+from mmchaos.targets.base import Capability
 
 if TYPE_CHECKING:
     from mmchaos.checks.base import CheckContext
 
-__all__ = ["AttackSet", "attack_set", "flip_cases", "sampled", "worst_records"]
+__all__ = ["JUDGED_IMAGE_TASKS", "AttackSet", "attack_set", "flip_cases", "sampled", "worst_records"]
+
+#: What a check that scores images through :class:`Judge` requires: zero-shot/retrieval
+#: embeddings or OCR reads (the two families ``Judge`` knows how to score). One tuple so the
+#: black-box, transfer and occlusion checks cannot drift apart on what they accept.
+JUDGED_IMAGE_TASKS = (
+    frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
+    frozenset({Capability.READ_TEXT}),
+)
 
 
 @dataclass(frozen=True)

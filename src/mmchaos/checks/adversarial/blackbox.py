@@ -21,11 +21,10 @@ from mmchaos.attacks.judge import Judge
 from mmchaos.attacks.plan import batches, by_shape
 from mmchaos.attacks.query import QueryBudget
 from mmchaos.attacks.units import AttackPlan, SquareUnit, decode_square, encode_square, run_square_unit
-from mmchaos.checks.adversarial._common import attack_set, flip_cases, worst_records
+from mmchaos.checks.adversarial._common import JUDGED_IMAGE_TASKS, attack_set, flip_cases, worst_records
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.errors import TargetCallError
 from mmchaos.findings import Finding, Severity, Step, Verdict
-from mmchaos.targets.base import Capability
 from mmchaos.tasks.ocr_metrics import corpus_cer
 
 __all__ = ["BlackBox", "BlackBoxGate", "BlackBoxParams"]
@@ -70,10 +69,7 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
 
     name = "adversarial_blackbox"
     step = Step.ADVERSARIAL
-    requires = (
-        frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = JUDGED_IMAGE_TASKS
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

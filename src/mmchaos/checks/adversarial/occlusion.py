@@ -22,13 +22,12 @@ from pydantic import Field, field_validator
 
 from mmchaos import perturb
 from mmchaos.attacks.judge import Judge
-from mmchaos.checks.adversarial._common import attack_set
+from mmchaos.checks.adversarial._common import JUDGED_IMAGE_TASKS, attack_set
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.perturb.base import SEVERITIES, BindContext, severity_value
 from mmchaos.perturb.deployment import AREA
 from mmchaos.perturb.saliency import SaliencyOcclusion, random_cells
-from mmchaos.targets.base import Capability
 
 __all__ = ["OcclusionAttack", "OcclusionAttackGate", "OcclusionAttackParams"]
 
@@ -64,10 +63,7 @@ class OcclusionAttack(Check[OcclusionAttackParams, OcclusionAttackGate]):
 
     name = "occlusion_attack"
     step = Step.ADVERSARIAL
-    requires = (
-        frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = JUDGED_IMAGE_TASKS
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

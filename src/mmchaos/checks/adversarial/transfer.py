@@ -27,7 +27,7 @@ from mmchaos.attacks.units import (
     pgd_units,
     run_transfer_unit,
 )
-from mmchaos.checks.adversarial._common import attack_set, flip_cases, worst_records
+from mmchaos.checks.adversarial._common import JUDGED_IMAGE_TASKS, attack_set, flip_cases, worst_records
 from mmchaos.checks.base import Check, CheckContext, Gate, Params
 from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets import load_target
@@ -61,10 +61,7 @@ class Transfer(Check[TransferParams, TransferGate]):
 
     name = "adversarial_transfer"
     step = Step.ADVERSARIAL
-    requires = (
-        frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}),
-        frozenset({Capability.READ_TEXT}),
-    )
+    requires = JUDGED_IMAGE_TASKS
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

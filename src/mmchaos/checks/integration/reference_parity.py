@@ -38,7 +38,14 @@ from mmchaos.findings import Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability, Target
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
 from mmchaos.targets.wrappers import unwrap
-from mmchaos.tasks.parity import ImageVariant, compare_tokens, cosines, image_variants, logprob_deviations
+from mmchaos.tasks.parity import (
+    ImageVariant,
+    TokenComparison,
+    compare_tokens,
+    cosines,
+    image_variants,
+    logprob_deviations,
+)
 
 __all__ = ["ReferenceParity"]
 
@@ -81,6 +88,25 @@ def _normalisation(target: Target) -> tuple[Triple, Triple] | None:
 def _mean(values: Sequence[float] | np.ndarray) -> float:
     arr = np.asarray(values, dtype=np.float64)
     return float(np.nanmean(arr)) if arr.size and not np.all(np.isnan(arr)) else float("nan")
+
+
+def _first_divergence(
+    data: Dataset, rows: Sequence[TokenComparison], mine: Sequence[GenerationResult], theirs: Sequence[GenerationResult]
+) -> tuple[int, dict[str, Any]] | None:
+    """The first prompt whose greedy answers part (neither equal nor close), as evidence, with its index.
+
+    One place for the generation and the batched-generation comparisons, so both name a
+    divergence the same way (the caller adds what only it knows, e.g. the finish reasons).
+    """
+    first = next((i for i, r in enumerate(rows) if not (r.equal or r.close)), None)
+    if first is None:
+        return None
+    return first, {
+        "sample": data[first].id,
+        "token_index": rows[first].first_divergence,
+        "deployment": mine[first].text,
+        "reference": theirs[first].text,
+    }
 
 
 class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
@@ -276,18 +302,12 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
         if deviations:
             metrics.update(mean_logprob_deviation=float(np.mean(deviations)),
                            max_logprob_deviation=float(np.max(deviations)))  # fmt: skip
-        first = next((i for i, r in enumerate(rows) if not (r.equal or r.close)), None)
         logprobs = LogprobsTally()
         logprobs.add(*(a.completions[0] for a in mine))
         evidence: dict[str, Any] = {"reference": ref.uri, "logprobs": logprobs.evidence(ctx.target)}
-        if first is not None:
-            evidence["first_divergence"] = {
-                "sample": data[first].id,
-                "token_index": rows[first].first_divergence,
-                "deployment": mine[first].text,
-                "reference": theirs[first].text,
-                "finish": {"deployment": ends[first][0], "reference": ends[first][1]},
-            }
+        if (div := _first_divergence(data, rows, mine, theirs)) is not None:
+            first, evidence["first_divergence"] = div
+            evidence["first_divergence"]["finish"] = {"deployment": ends[first][0], "reference": ends[first][1]}
         causes = self._generation_causes(metrics, ends)
         prompt_bad = metrics["max_prompt_token_diff"] > self.gate.max_prompt_token_diff
         if prompt_bad:
@@ -392,14 +412,8 @@ class ReferenceParity(Check[ReferenceParityParams, ReferenceParityGate]):
         side = getattr(unwrap(ctx.target), "padding_side", None)
         metrics = {"batched_greedy_match": share, "alone_greedy_match": alone_share, "batch_size": float(len(rows))}
         evidence: dict[str, Any] = {"reference": ref.uri, "padding_side": side}
-        first = next((i for i, r in enumerate(rows) if not (r.equal or r.close)), None)
-        if first is not None:
-            evidence["first_divergence"] = {
-                "sample": data[first].id,
-                "token_index": rows[first].first_divergence,
-                "deployment": mine[first].text,
-                "reference": theirs[first].text,
-            }
+        if (div := _first_divergence(data, rows, mine, theirs)) is not None:
+            evidence["first_divergence"] = div[1]
         title = f"batched greedy answers agree with the reference on {share:.0%} of {len(rows)} prompts"
         if share >= self.gate.min_greedy_match or alone_share < self.gate.min_greedy_match:
             note = "" if share >= self.gate.min_greedy_match else " (they part alone too: see the finding above)"
