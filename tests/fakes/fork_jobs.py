@@ -16,4 +16,8 @@ def job(target: Any, spec: Any, payload: str) -> Any:
         time.sleep(600)
     import torch
 
-    return {"pid": os.getpid(), "threads": torch.get_num_threads(), "embedding": target.embed_texts(["a red circle"]).tolist()}
+    return {
+        "pid": os.getpid(),
+        "threads": torch.get_num_threads(),
+        "embedding": target.embed_texts(["a red circle"]).tolist(),
+    }

@@ -28,15 +28,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, Any, Protocol
 
 from mmchaos.errors import TargetLoadError
 from mmchaos.executors.jobs import Handler, JobResult, WorkerSpec, describe_exception, dispatch_job
 from mmchaos.executors.resources import RunResources, shared
 from mmchaos.timing import ModelClock
-
-if TYPE_CHECKING:
-    from mmchaos.executors.forkserver import ForkServer
 
 __all__ = [
     "InProcessRunner",
@@ -149,6 +146,14 @@ class _Proc(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...
 
     def kill(self) -> None: ...
+
+
+class ForkServer(Protocol):
+    """What the pool uses of the run's fork server (:class:`mmchaos.executors.forkserver.ForkServer`)."""
+
+    def accepts(self, spec: WorkerSpec) -> bool: ...
+
+    def spawn(self, conn_fd: int, log_fd: int) -> _Proc: ...
 
 
 @dataclass
