@@ -187,9 +187,14 @@ class ForkServer:
         return cls(pid, parent, uri, options)
 
     def accepts(self, spec: Any) -> bool:
-        """Whether a worker for ``spec`` can be forked: the same target and load options, one thread."""
+        """Whether a worker for ``spec`` can be forked: the same target and load options, one thread,
+        and no fresh process asked for (a cross-process comparison)."""
         return (
-            self._alive and spec.uri == self.uri and _options_key(spec.options) == self._options and spec.threads == 1
+            self._alive
+            and not getattr(spec, "fresh_process", False)
+            and spec.uri == self.uri
+            and _options_key(spec.options) == self._options
+            and spec.threads == 1
         )
 
     def _pump(self, timeout: float) -> None:

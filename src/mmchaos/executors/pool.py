@@ -2,10 +2,13 @@
 
 The harness outlives its target: a job that kills its worker (a signal, an abort, the memory
 limit) or does not answer in time is reported as ``crashed`` or ``hung``, the worker is replaced,
-and the other jobs go on. Workers are started with ``spawn`` (never ``fork``: torch and
-tokenizer thread pools do not survive it) and load the target by URI, like ``mmchaos validate``.
-Workers are fresh interpreters (``python -c``), not multiprocessing children, so the caller's
-``__main__`` is never re-imported: a plain script without a ``__main__`` guard works too.
+and the other jobs go on. In a run, workers are forked by the run's fork server
+(:mod:`mmchaos.executors.forkserver`), which holds the target the run loaded before it ran the
+model: no second torch import or load. Otherwise (no server, a spec it cannot serve, a
+``fresh_process`` spec) they are spawned, never forked from a process that ran the model (torch and
+tokenizer thread pools do not survive it), and load the target by URI, like ``mmchaos validate``.
+Spawned workers are fresh interpreters (``python -c``), not multiprocessing children, so the
+caller's ``__main__`` is never re-imported: a plain script without a ``__main__`` guard works too.
 
 One pool serves a whole run (contract, determinism and contract_fuzz share it): :func:`shared_pool`
 takes it from the run's :class:`~mmchaos.executors.resources.RunResources`, each check seeing it
@@ -26,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import IO, Any, Protocol
 
@@ -565,9 +568,13 @@ class PoolView:
         """The run closes a shared pool, not a check (a no-op kept so callers need not care)."""
 
 
-def _pool_key(spec: WorkerSpec, workers: int) -> tuple[Any, ...]:
+def _pool_key(spec: WorkerSpec, workers: int, resources: RunResources | None) -> tuple[Any, ...]:
+    # Fresh-process workers are a pool of their own only where the others are forked: else both are
+    # spawned interpreters, and one pool serves both.
+    forks = getattr(resources, "fork_server", None)
+    fresh = spec.fresh_process and forks is not None and forks.accepts(replace(spec, fresh_process=False))
     return ("worker_pool", spec.uri, json.dumps(spec.options, sort_keys=True, default=str), spec.threads,
-            spec.memory_limit_mb, workers)  # fmt: skip
+            spec.memory_limit_mb, workers, fresh)  # fmt: skip
 
 
 def _start_shared(
@@ -580,7 +587,7 @@ def _start_shared(
 def prefetch_pool(resources: RunResources, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
     """Start the run's shared pool for ``spec`` in the background (a check's ``prepare``)."""
     factory = lambda: _start_shared(spec, workers, start_timeout, resources)  # noqa: E731
-    resources.prefetch(_pool_key(spec, workers), factory, WorkerPool.close)
+    resources.prefetch(_pool_key(spec, workers, resources), factory, WorkerPool.close)
 
 
 @contextlib.contextmanager
@@ -598,5 +605,5 @@ def shared_pool(
     per run and shared by every check that asks for the same spec and size (started and closed here
     when there are no run ``resources``). Raises :class:`TargetLoadError` like :func:`start_pool`."""
     factory = lambda: _start_shared(spec, workers, start_timeout, resources)  # noqa: E731
-    with shared(resources, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
+    with shared(resources, _pool_key(spec, workers, resources), factory, WorkerPool.close) as (pool, _):
         yield PoolView(pool, handler, overlay, clock)

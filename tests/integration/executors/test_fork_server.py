@@ -81,6 +81,7 @@ def test_a_spec_the_server_cannot_serve_gets_spawned_workers(clip: Any) -> None:
         assert not server.accepts(WorkerSpec(uri=URI, threads=2)), "more threads: torch's OpenMP pool after fork"
         assert not server.accepts(WorkerSpec(uri=URI, options={"device": "cpu"}, threads=1)), "other load options"
         assert not server.accepts(WorkerSpec(uri="builtin:tiny-vlm", threads=1))
+        assert not server.accepts(WorkerSpec(uri=URI, threads=1, fresh_process=True)), "a cross-process comparison"
     finally:
         server.close()
     assert not server.accepts(WorkerSpec(uri=URI, threads=1)), "a closed server forks nothing"
@@ -107,7 +108,7 @@ def test_a_run_loads_the_target_once_and_its_pool_is_forked(tmp_path: Any, monke
             "name": "forked",
             "checks": [
                 {"check": "contract", "params": {"cases": ["zero_byte", "mode_L*", "truncated_jpeg"]}},
-                {"check": "determinism", "params": {"samples": 4}},
+                {"check": "determinism", "params": {"samples": 4, "cross_process": False}},
             ],
         }
     )
@@ -118,6 +119,48 @@ def test_a_run_loads_the_target_once_and_its_pool_is_forked(tmp_path: Any, monke
     bad = [f.title for f in result.findings if f.verdict != Verdict.PASS]
     assert not bad, bad
     assert checks["contract"].model_seconds > 0, "the forked workers' jobs are model time"
+
+
+@pytest.mark.integration
+def test_cross_process_determinism_still_compares_two_fresh_interpreters(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forked workers share this process's load (weights a load initialises at random, the hash
+    salt): determinism's cross-process workers stay spawned, contract's are forked."""
+    from mmchaos.executors.forkserver import ForkServer as Server
+    from mmchaos.runner import RunConfig, run_suite
+    from mmchaos.store import RunStore
+    from mmchaos.suites import SuiteSpec
+
+    spawned: list[str] = []
+    forks: list[int] = []
+    real_popen, real_spawn = subprocess.Popen, Server.spawn
+
+    def popen(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        if "child_entry" in " ".join(map(str, argv)):
+            spawned.append(str(argv))
+        return real_popen(argv, *args, **kwargs)
+
+    def spawn(self: Server, *args: Any, **kwargs: Any) -> Any:
+        forks.append(1)
+        return real_spawn(self, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(Server, "spawn", spawn)
+    suite = SuiteSpec.model_validate(
+        {
+            "name": "both",
+            "checks": [
+                {"check": "contract", "params": {"cases": ["zero_byte"], "workers": 1}},
+                {"check": "determinism", "params": {"samples": 2, "cross_process": True}},
+            ],
+        }
+    )
+    with RunStore(tmp_path / "runs.db") as store:
+        result = run_suite(RunConfig(target=URI, suite=suite, data="builtin:shapes?n=4"), store)
+    assert len(spawned) == 2 and len(forks) == 1, (spawned, forks)
+    bad = [f.title for f in result.findings if f.verdict != Verdict.PASS]
+    assert not bad, bad
 
 
 def test_forkserver_is_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ each cross-process batch a job), so ``--resume`` after a kill reads back what ha
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -218,7 +219,8 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
 
     def _spec(self, inner: Target) -> WorkerSpec:
         p = self.params
-        return shared_spec(inner, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+        spec = shared_spec(inner, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+        return replace(spec, fresh_process=True)  # forked workers would share this process's load
 
     def prepare(self, ctx: CheckContext) -> None:
         """Start the run's worker pool now (the one contract uses too)."""
