@@ -124,7 +124,7 @@ def call_job(target: Target, spec: WorkerSpec, payload: Batch) -> dict[str, Any]
 class DeterminismParams(Params):
     samples: int = Field(default=16, ge=1)
     batch_size: int = Field(default=8, ge=1)
-    cross_process: bool = Field(default=True, description="also compare two worker processes (the run's shared pool)")
+    cross_process: bool = Field(default=True, description="also compare two fresh worker processes")
     timeout_s: float = Field(default=120.0, gt=0)
     start_timeout_s: float = Field(default=300.0, gt=0)
     target_options: dict[str, Any] = Field(default_factory=dict)
