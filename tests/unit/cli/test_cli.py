@@ -282,16 +282,15 @@ def test_the_progress_display_starts_no_refresh_thread_off_a_terminal_and_redraw
 
     from mmchaos.cli.progress import CheckProgress
 
-    def refresh_threads() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if type(t).__name__ == "_RefreshThread"]
-
     for terminal in (False, True):
         console = Console(file=io.StringIO(), width=80, force_terminal=terminal, color_system=None)
         with CheckProgress(console) as progress:
+            live = progress.progress.live
             progress.planned(["a"], set())
             task = progress.task("a: loop", total=3)
             task.advance()
-            threads = refresh_threads()
+            # this display's refresh threads (Rich does not join the ones of displays already stopped)
+            threads = [t for t in threading.enumerate() if getattr(t, "live", None) is live]
             if terminal:
                 assert threads and all(t.refresh_per_second <= 2 for t in threads)  # type: ignore[attr-defined]
             else:
