@@ -12,8 +12,9 @@ Why a server and not ``fork`` from the run: by the time a worker is replaced, th
 model, and a process forked after torch's OpenMP pool started would hang in its next parallel
 region; the server never runs the model, and its children use one intra-op thread, as the shared
 pool's spec asks (other specs get spawned workers). Only targets that are models in this process
-(``builtin:``, ``hf:``, ``onnx:``) are forked: a ``py:`` or remote target may hold sockets or
-threads that a child must not share. ``MMCHAOS_FORK_WORKERS=0`` turns it off (spawned workers).
+(``builtin:``, ``hf:``, ``onnx:``) on the CPU are forked (CUDA cannot be used in a forked child):
+a ``py:`` or remote target may hold sockets or threads that a child must not share.
+``MMCHAOS_FORK_WORKERS=0`` turns it off (spawned workers).
 
 The server is the parent of its workers, so it reaps them and reports each exit status to the run
 (:class:`ForkedProcess` gives the pool the ``subprocess.Popen`` calls it uses).
@@ -51,6 +52,16 @@ def fork_enabled(uri: str) -> bool:
 
 def _options_key(options: Any) -> str:
     return json.dumps(options or {}, sort_keys=True, default=str)
+
+
+def _on_accelerator(options: dict[str, Any]) -> bool:
+    """Whether the target may hold an accelerator context, which a forked child cannot use (CUDA
+    refuses to be re-initialised in a fork): then workers are spawned."""
+    if not str(options.get("device", "cpu")).startswith("cpu"):
+        return True
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    return bool(cuda is not None and cuda.is_initialized())
 
 
 # -- the server side (a child of the run) -------------------------------------------------------
@@ -163,7 +174,7 @@ class ForkServer:
         """Fork the server now (call it before the run's process runs the model); None if it cannot."""
         uri = str(getattr(target, "uri", ""))
         options = dict(getattr(target, "load_options", None) or {})
-        if not fork_enabled(uri):
+        if not fork_enabled(uri) or _on_accelerator(options):
             return None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for stream in (sys.stdout, sys.stderr):  # nothing buffered twice

@@ -163,6 +163,17 @@ def test_cross_process_determinism_still_compares_two_fresh_interpreters(
     assert not bad, bad
 
 
+def test_a_target_on_an_accelerator_gets_spawned_workers(clip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked child cannot use the parent's CUDA context: no fork server then."""
+    import torch
+
+    monkeypatch.setattr(clip, "load_options", {"device": "cuda:0"})
+    assert ForkServer.start(clip) is None
+    monkeypatch.setattr(clip, "load_options", {})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert ForkServer.start(clip) is None
+
+
 def test_forkserver_is_not_used_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from mmchaos.executors.forkserver import fork_enabled
 
