@@ -20,6 +20,7 @@ from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSi
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import ConfigError, DataError, StoreError
 from mmchaos.executors import Executor, ExecutorSpec, LazyExecutor, StoreJournal, TargetSpec, open_executor
+from mmchaos.executors.forkserver import ForkServer, fork_enabled
 from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.store import RunRecord, RunStore, new_run_id
@@ -232,9 +233,16 @@ def run_suite(
         where, uri, options = executor, config.target, config.options
         pool = LazyExecutor(where.kind, lambda: open_executor(where, TargetSpec(uri, options, data_spec)))
     resources = RunResources()  # one reference server, one worker pool, ... for the whole run
+    # Pool workers forked from a server holding the loaded target (no second import and load) need
+    # no early start; spawned ones start early so that their load overlaps this process's.
+    forking = pool is None and fork_enabled(config.target)
     try:
-        early = _prepare_early(checks, config, load_options, resources, pool) if resume is None else set()
+        early: set[Any] = set()
+        if resume is None and not forking:
+            early = _prepare_early(checks, config, load_options, resources, pool)
         target = load_target(config.target, config.options)
+        if forking:  # now: before this process has run the model (see mmchaos.executors.forkserver)
+            resources.fork_server = ForkServer.start(target)
     except BaseException:
         resources.close()
         raise

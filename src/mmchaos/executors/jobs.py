@@ -43,6 +43,10 @@ class WorkerSpec:
     """Exception class names that count as a clean, typed rejection besides MMChaosError."""
     context: dict[str, Any] = field(default_factory=dict)
     """Read-only data every job may use (e.g. the contract corpus base picture)."""
+    fresh_process: bool = False
+    """Each worker a fresh interpreter that loads the target itself, never a fork of a loaded one
+    (:mod:`mmchaos.executors.forkserver`): a cross-process comparison must see what a process or a
+    load draws at random (a salted ``hash()``, weights initialised at load) differ between workers."""
 
 
 @dataclass

@@ -2,10 +2,13 @@
 
 The harness outlives its target: a job that kills its worker (a signal, an abort, the memory
 limit) or does not answer in time is reported as ``crashed`` or ``hung``, the worker is replaced,
-and the other jobs go on. Workers are started with ``spawn`` (never ``fork``: torch and
-tokenizer thread pools do not survive it) and load the target by URI, like ``mmchaos validate``.
-Workers are fresh interpreters (``python -c``), not multiprocessing children, so the caller's
-``__main__`` is never re-imported: a plain script without a ``__main__`` guard works too.
+and the other jobs go on. In a run, workers are forked by the run's fork server
+(:mod:`mmchaos.executors.forkserver`), which holds the target the run loaded before it ran the
+model: no second torch import or load. Otherwise (no server, a spec it cannot serve, a
+``fresh_process`` spec) they are spawned, never forked from a process that ran the model (torch and
+tokenizer thread pools do not survive it), and load the target by URI, like ``mmchaos validate``.
+Spawned workers are fresh interpreters (``python -c``), not multiprocessing children, so the
+caller's ``__main__`` is never re-imported: a plain script without a ``__main__`` guard works too.
 
 One pool serves a whole run (contract, determinism and contract_fuzz share it): :func:`shared_pool`
 takes it from the run's :class:`~mmchaos.executors.resources.RunResources`, each check seeing it
@@ -26,9 +29,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from mmchaos.errors import TargetLoadError
 from mmchaos.executors.jobs import Handler, JobResult, WorkerSpec, describe_exception, dispatch_job
@@ -87,6 +90,12 @@ def child_entry(fd: int) -> None:
 
 
 def _worker_main(conn: Connection, spec: WorkerSpec, handler: Handler) -> None:
+    worker_loop(conn, spec, handler, None)
+
+
+def worker_loop(conn: Connection, spec: WorkerSpec, handler: Handler, target: Any) -> None:
+    """A worker's life: limits, the target (loaded now unless ``target``, a fork server's, is given),
+    then jobs until told to stop. ``ready`` says whether the target was loaded here (``forked``)."""
     _limit_memory(spec.memory_limit_mb)
     try:
         import faulthandler
@@ -95,16 +104,18 @@ def _worker_main(conn: Connection, spec: WorkerSpec, handler: Handler) -> None:
     except (ImportError, RuntimeError, ValueError):  # no usable stderr
         pass
     start = time.perf_counter()
+    forked = target is not None
     try:
-        from mmchaos.targets import TargetOptions, load_target
+        if target is None:
+            from mmchaos.targets import TargetOptions, load_target
 
-        target = load_target(spec.uri, TargetOptions(**spec.options))
+            target = load_target(spec.uri, TargetOptions(**spec.options))
         if spec.threads is not None and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(spec.threads)
     except BaseException as exc:
         conn.send(("load_error", describe_exception(exc)))
         return
-    conn.send(("ready", {"pid": os.getpid(), "load_seconds": time.perf_counter() - start}))
+    conn.send(("ready", {"pid": os.getpid(), "load_seconds": time.perf_counter() - start, "forked": forked}))
     while True:
         try:
             msg = conn.recv()
@@ -125,9 +136,32 @@ def _worker_main(conn: Connection, spec: WorkerSpec, handler: Handler) -> None:
 # -- the parent side -----------------------------------------------------------------------------
 
 
+class _Proc(Protocol):
+    """What the pool uses of a worker process: a spawned ``Popen`` or a :class:`ForkedProcess`."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkServer(Protocol):
+    """What the pool uses of the run's fork server (:class:`mmchaos.executors.forkserver.ForkServer`)."""
+
+    def accepts(self, spec: WorkerSpec) -> bool: ...
+
+    def spawn(self, conn_fd: int, log_fd: int) -> _Proc: ...
+
+
 @dataclass
 class _Slot:
-    proc: subprocess.Popen[bytes]
+    proc: _Proc
     conn: Connection
     started: float
     ready: bool = False
@@ -154,7 +188,7 @@ class _Slot:
             self.log.close()
 
 
-def _join(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _join(proc: _Proc, timeout: float) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout)
 
@@ -180,10 +214,13 @@ class WorkerPool:
         *,
         workers: int = 2,
         start_timeout: float = 300.0,
+        forks: ForkServer | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.workers = max(1, workers)
+        self.forks = forks if forks is not None and forks.accepts(spec) else None
+        """The run's fork server, when it can fork this spec's workers (else they are spawned)."""
         self.start_timeout = start_timeout
         self._slots: list[_Slot] = []
         self.replacements = 0
@@ -194,6 +231,14 @@ class WorkerPool:
     # lifecycle ---------------------------------------------------------------------------------
 
     def _spawn(self) -> _Slot:
+        if self.forks is not None:
+            try:
+                return self._fork()
+            except OSError as exc:
+                logging.getLogger(__name__).warning(
+                    "the worker server cannot fork (%s); workers load the target themselves now", exc
+                )
+                self.forks = None
         parent, child = mp.Pipe(duplex=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -206,6 +251,22 @@ class WorkerPool:
         child.close()
         parent.send((self.spec, self.handler))
         return _Slot(proc=proc, conn=parent, started=time.monotonic(), log=log)
+
+    def _fork(self) -> _Slot:
+        """A worker forked by the run's fork server: the target is loaded already."""
+        assert self.forks is not None
+        parent, child = mp.Pipe(duplex=True)
+        stderr = tempfile.TemporaryFile(prefix="mmchaos-worker-")  # noqa: SIM115 - lives as long as the worker
+        try:
+            proc = self.forks.spawn(child.fileno(), stderr.fileno())
+        except OSError:
+            parent.close()
+            stderr.close()
+            raise
+        finally:
+            child.close()
+        parent.send((self.spec, self.handler))
+        return _Slot(proc=proc, conn=parent, started=time.monotonic(), log=stderr)
 
     def __enter__(self) -> WorkerPool:
         self.start()
@@ -385,13 +446,16 @@ class WorkerPool:
         return results
 
 
-def start_pool(spec: WorkerSpec, handler: Handler, *, workers: int, start_timeout: float) -> WorkerPool:
+def start_pool(
+    spec: WorkerSpec, handler: Handler, *, workers: int, start_timeout: float, forks: ForkServer | None = None
+) -> WorkerPool:
     """A started pool, each worker with the target loaded; or :class:`TargetLoadError`.
 
     The error's message says that the target could not be loaded *in a worker by its URI*, which
     is what a check reports (and what a user fixes: a loadable URI, or in-process isolation).
+    With ``forks`` (the run's fork server) the workers are forked with the target loaded already.
     """
-    pool = WorkerPool(spec, handler, workers=workers, start_timeout=start_timeout)
+    pool = WorkerPool(spec, handler, workers=workers, start_timeout=start_timeout, forks=forks)
     try:
         pool.start()
     except TargetLoadError as exc:
@@ -504,18 +568,26 @@ class PoolView:
         """The run closes a shared pool, not a check (a no-op kept so callers need not care)."""
 
 
-def _pool_key(spec: WorkerSpec, workers: int) -> tuple[Any, ...]:
+def _pool_key(spec: WorkerSpec, workers: int, resources: RunResources | None) -> tuple[Any, ...]:
+    # Fresh-process workers are a pool of their own only where the others are forked: else both are
+    # spawned interpreters, and one pool serves both.
+    forks = getattr(resources, "fork_server", None)
+    fresh = spec.fresh_process and forks is not None and forks.accepts(replace(spec, fresh_process=False))
     return ("worker_pool", spec.uri, json.dumps(spec.options, sort_keys=True, default=str), spec.threads,
-            spec.memory_limit_mb, workers)  # fmt: skip
+            spec.memory_limit_mb, workers, fresh)  # fmt: skip
 
 
-def _start_shared(spec: WorkerSpec, workers: int, start_timeout: float) -> WorkerPool:
-    return start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout)
+def _start_shared(
+    spec: WorkerSpec, workers: int, start_timeout: float, resources: RunResources | None = None
+) -> WorkerPool:
+    forks = getattr(resources, "fork_server", None)
+    return start_pool(spec, dispatch_job, workers=workers, start_timeout=start_timeout, forks=forks)
 
 
 def prefetch_pool(resources: RunResources, spec: WorkerSpec, *, workers: int, start_timeout: float) -> None:
     """Start the run's shared pool for ``spec`` in the background (a check's ``prepare``)."""
-    resources.prefetch(_pool_key(spec, workers), lambda: _start_shared(spec, workers, start_timeout), WorkerPool.close)
+    factory = lambda: _start_shared(spec, workers, start_timeout, resources)  # noqa: E731
+    resources.prefetch(_pool_key(spec, workers, resources), factory, WorkerPool.close)
 
 
 @contextlib.contextmanager
@@ -532,6 +604,6 @@ def shared_pool(
     """The run's worker pool for ``spec`` as a :class:`PoolView` running ``handler`` jobs: started once
     per run and shared by every check that asks for the same spec and size (started and closed here
     when there are no run ``resources``). Raises :class:`TargetLoadError` like :func:`start_pool`."""
-    factory = lambda: _start_shared(spec, workers, start_timeout)  # noqa: E731
-    with shared(resources, _pool_key(spec, workers), factory, WorkerPool.close) as (pool, _):
+    factory = lambda: _start_shared(spec, workers, start_timeout, resources)  # noqa: E731
+    with shared(resources, _pool_key(spec, workers, resources), factory, WorkerPool.close) as (pool, _):
         yield PoolView(pool, handler, overlay, clock)

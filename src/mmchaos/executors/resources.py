@@ -40,6 +40,9 @@ class RunResources:
         self._closed = False
         self.wanted: set[Hashable] = set()
         """Keys asked for (prefetched or got) since this was last cleared."""
+        self.fork_server: Any = None
+        """The run's :class:`~mmchaos.executors.forkserver.ForkServer` (pool workers forked with the
+        target loaded), or None: they are spawned and load it themselves. The runner closes it."""
 
     def _start(self, key: Hashable, entry: _Entry, factory: Callable[[], Any]) -> None:
         try:
@@ -118,6 +121,9 @@ class RunResources:
             t.start()
         for t in threads:
             t.join()
+        server, self.fork_server = self.fork_server, None
+        if server is not None:  # after the pools: it kills the workers they did not stop
+            server.close()
 
     def __enter__(self) -> RunResources:
         return self

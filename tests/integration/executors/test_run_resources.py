@@ -65,7 +65,8 @@ def test_the_shared_pool_still_fails_a_process_salted_target() -> None:
 def test_a_run_starts_one_pool_early_and_contract_determinism_and_fuzz_use_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pool starts before the target is loaded in this process (a spy counts starts; the pool is real)."""
+    """With spawned workers (no fork server), the pool starts before the target is loaded in this
+    process (a spy counts starts; the pool is real). Forked workers: test_fork_server.py."""
     import mmchaos.executors.pool as isolation
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
@@ -80,6 +81,7 @@ def test_a_run_starts_one_pool_early_and_contract_determinism_and_fuzz_use_it(
         real(self, spec, *args, **kw)
 
     monkeypatch.setattr(isolation.WorkerPool, "__init__", counting)
+    monkeypatch.setenv("MMCHAOS_FORK_WORKERS", "0")
     suite = SuiteSpec.model_validate(
         {
             "name": "pool",

@@ -273,6 +273,31 @@ def test_checks_show_a_progress_bar_on_a_terminal_and_done_lines_in_a_log() -> N
     assert "b done: 1 fail" in log and "━" not in log
 
 
+def test_the_progress_display_starts_no_refresh_thread_off_a_terminal_and_redraws_rarely_on_one() -> None:
+    """Issue 23: Rich's refresh thread redrew the table 10 times a second even into a log (21 s of
+    samples in a profiled validate run). Off a terminal no thread runs; on one it redraws <= 2/s."""
+    import threading
+
+    from rich.console import Console
+
+    from mmchaos.cli.progress import CheckProgress
+
+    for terminal in (False, True):
+        console = Console(file=io.StringIO(), width=80, force_terminal=terminal, color_system=None)
+        with CheckProgress(console) as progress:
+            live = progress.progress.live
+            progress.planned(["a"], set())
+            task = progress.task("a: loop", total=3)
+            task.advance()
+            # this display's refresh threads (Rich does not join the ones of displays already stopped)
+            threads = [t for t in threading.enumerate() if getattr(t, "live", None) is live]
+            if terminal:
+                assert threads and all(t.refresh_per_second <= 2 for t in threads)  # type: ignore[attr-defined]
+            else:
+                assert threads == []
+            task.close()
+
+
 def test_a_failed_resume_leaves_no_new_store_or_report_behind(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``--resume`` on a store that does not exist created an empty store file before it failed."""
     store, out = tmp_path / "new.db", tmp_path / "out"

@@ -19,6 +19,7 @@ each cross-process batch a job), so ``--resume`` after a kill reads back what ha
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -123,7 +124,7 @@ def call_job(target: Target, spec: WorkerSpec, payload: Batch) -> dict[str, Any]
 class DeterminismParams(Params):
     samples: int = Field(default=16, ge=1)
     batch_size: int = Field(default=8, ge=1)
-    cross_process: bool = Field(default=True, description="also compare two worker processes (the run's shared pool)")
+    cross_process: bool = Field(default=True, description="also compare two fresh worker processes")
     timeout_s: float = Field(default=120.0, gt=0)
     start_timeout_s: float = Field(default=300.0, gt=0)
     target_options: dict[str, Any] = Field(default_factory=dict)
@@ -218,7 +219,8 @@ class Determinism(Check[DeterminismParams, DeterminismGate]):
 
     def _spec(self, inner: Target) -> WorkerSpec:
         p = self.params
-        return shared_spec(inner, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+        spec = shared_spec(inner, p.target_options, threads=p.threads_per_worker, memory_limit_mb=p.memory_limit_mb)
+        return replace(spec, fresh_process=True)  # forked workers would share this process's load
 
     def prepare(self, ctx: CheckContext) -> None:
         """Start the run's worker pool now (the one contract uses too)."""
