@@ -386,6 +386,12 @@ class CircuitBreaker:
     # -- state -----------------------------------------------------------------------------------
 
     @property
+    def minimum_calls(self) -> int:
+        """Calls the window must hold before a rate can open the breaker (``minimum_number_of_calls``,
+        at most the window's size when it counts calls)."""
+        return self._min_calls
+
+    @property
     def state(self) -> BreakerState:
         """The current state (OPEN turns HALF_OPEN only when the next call asks, as resilience4j)."""
         return self._state

@@ -490,6 +490,22 @@ def test_overload_recovery_is_judged_after_the_backlog_drains_at_the_measured_ra
     assert_torn_down(experiment(findings))
 
 
+def test_a_failure_window_shorter_than_the_breakers_minimum_calls_is_extended_not_failed() -> None:
+    """The budget's rate cap (150/s) lets at most 45 requests fail in 0.3 s, fewer than the 100 this
+    breaker needs before it may open: the model keeps failing until they have, so the verdict is on
+    the breaker, not on how many requests the machine sent (it failed the suite on a busy CI run)."""
+    from mmchaos.checks.serving.resilience import ServingResilience
+
+    breaker = {"minimum_number_of_calls": 100, "sliding_window_size": 100, "wait_duration_in_open_state": 0.3}
+    params = {**FAST, "failure_s": 0.3, "retries": False, "server": {"breaker": breaker}}
+    findings = run(ServingResilience, HashEmbedTarget(), params, {"max_failures_to_open": 150})
+    by = {f.title.split(":")[0]: f for f in findings}
+    assert by["breaker"].verdict == Verdict.PASS, by["breaker"].title
+    # it opened only past what 0.3 s at 150/s can hold (its window of 100 also holds the baseline's
+    # successes, so half of it failing opens it: about 50 failures)
+    assert by["breaker"].metrics["failures_to_open"] > 45
+
+
 @pytest.mark.check_contract("serving_resilience", "broken")
 def test_resilience_fails_a_breaker_that_never_opens_and_a_client_that_never_retries() -> None:
     from mmchaos.checks.serving.resilience import ServingResilience

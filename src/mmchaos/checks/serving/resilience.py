@@ -85,6 +85,9 @@ _CHAT_PARAMS = GenerationParams(max_new_tokens=4, temperature=0.0)
 _OPEN_QUESTION = "Describe the picture in a few words."
 """What the cut-stream probe asks: an open question, so the answer runs to max_tokens and a stream
 cut half-way through its bytes is cut in its text too."""
+_BREAKER_GRACE_S = 5.0
+"""How long past ``failure_s`` the model keeps failing, at most, while fewer requests than the
+breaker's minimum calls have reached it."""
 _PROBE_BACKOFF_S = 0.01
 """Backoff base of the reference client in the retry probes (its default is 0.1 s)."""
 
@@ -242,11 +245,33 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
         quiet = _DropInjected()
         server_log = logging.getLogger("mmchaos.server")
         server_log.addFilter(quiet)  # the server logs each model failure with its trace: ours are expected
-        try:
-            failing = ex.phase("model_failing", seconds=p.failure_s, guarded=False, activity="action")
+        failed_before = switch.failed_calls
+
+        def breaker_had_its_chance(_: Any) -> str | None:
+            # At least failure_s of failing, then until the breaker opened or as many failures reached
+            # the model as it needs to open (its minimum calls): on a busy machine failure_s alone may
+            # hold fewer requests than that, and "never opened" would then be a verdict on speed.
+            if time.monotonic() - started < p.failure_s:
+                return None
             if breaker.state.value in ("open", "forced_open"):
+                return "the breaker opened"
+            if switch.failed_calls - failed_before >= breaker.minimum_calls:
+                return "the breaker's minimum calls failed"
+            return None
+
+        try:
+            failing = ex.phase(
+                "model_failing", seconds=p.failure_s + max(p.failure_s, _BREAKER_GRACE_S), guarded=False,
+                stop_when=breaker_had_its_chance, activity="action",
+            )  # fmt: skip
+            if breaker.state.value in ("open", "forced_open"):
+                seen = len(transitions)
                 with httpx.Client(base_url=ex.dep.root, trust_env=False, timeout=5.0, verify=ex.tls) as c:
-                    ready_while_open = c.get("/readyz").status_code
+                    ready = c.get("/readyz").status_code
+                # judged only if the breaker stayed open while /readyz answered: past its open wait a
+                # straggling call may turn it half-open meanwhile, and 200 is then the right answer
+                if len(transitions) == seen and breaker.state.value in ("open", "forced_open"):
+                    ready_while_open = ready
         finally:
             switch.failing = False
             calls_failing = switch.calls - calls_before
