@@ -18,7 +18,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["exact_match", "is_abstention", "named", "names_answer", "normalise_answer", "normalised_match"]
+__all__ = [
+    "exact_match",
+    "is_abstention",
+    "is_right",
+    "named",
+    "names_answer",
+    "normalise_answer",
+    "normalised_match",
+    "vocabulary",
+]
 
 _ARTICLES = frozenset({"a", "an", "the"})
 _SPELLINGS = {"colour": "color", "colours": "colors", "centre": "center", "grey": "gray", "nought": "zero"}
@@ -80,3 +89,17 @@ def is_abstention(text: str) -> bool:
         return True
     spaced = f" {norm} "
     return any(f" {p} " in spaced for p in _ABSTAIN_PHRASES)
+
+
+def vocabulary(kind: str) -> list[str]:
+    """Every answer a built-in VQA question of ``kind`` can have: a reply is right when it names
+    only its own."""
+    from mmchaos.data.vqa import ANSWERS, NONE_ANSWERS
+
+    return [*ANSWERS[kind], NONE_ANSWERS[kind]]
+
+
+def is_right(text: str, kind: str, answers: Sequence[str]) -> bool:
+    """Whether a free-text reply to a built-in ``kind`` question names one of ``answers`` and no
+    other answer of the kind: how the black-box known-answer probes grade."""
+    return names_answer(text, answers, vocabulary(kind))

@@ -25,23 +25,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mmchaos.data.vqa import ANSWERS, NONE_ANSWERS, QUESTIONS
+from mmchaos.data.vqa import QUESTIONS
 from mmchaos.targets.generation import GenerationParams
-from mmchaos.tasks.answers import names_answer
+from mmchaos.tasks.answers import is_right
 
 __all__ = ["METHOD", "EchoJudgement", "Item", "Pass", "busting_params", "is_right", "judge_echoes", "rotations"]
 
 METHOD = "black-box probe"
 """How a finding judged on this evidence names its method (beside ``logprobs`` and ``gauge``)."""
-
-
-def vocabulary(kind: str) -> list[str]:
-    """Every answer a question of ``kind`` can have: a reply is right when it names only its own."""
-    return [*ANSWERS[kind], NONE_ANSWERS[kind]]
-
-
-def is_right(text: str, kind: str, answers: Sequence[str]) -> bool:
-    return names_answer(text, answers, vocabulary(kind))
 
 
 @dataclass(frozen=True)

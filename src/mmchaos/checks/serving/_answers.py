@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from mmchaos.chaos.payloads import good_path, png_data_url
 from mmchaos.checks.evidence import png_bytes
-from mmchaos.data.vqa import ANSWERS, NONE_ANSWERS, known_answer_samples
+from mmchaos.data.vqa import known_answer_samples
 from mmchaos.findings import Finding, Severity, Verdict
 from mmchaos.targets.openai_forms import chat_body, chat_image_content
-from mmchaos.tasks.answers import names_answer
+from mmchaos.tasks.answers import is_right
 
 if TYPE_CHECKING:
     import random
@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["AnswerProbe", "answers_finding", "known_answer_samples_for", "probe_answers"]
 
 KIND = "colour"
-_VOCABULARY = [*ANSWERS[KIND], NONE_ANSWERS[KIND]]
-"""Every answer a colour question can have: a reply is right when it names its own and no other."""
+"""The kind of question the probe asks (graded with :func:`mmchaos.tasks.answers.is_right`)."""
 
 
 @dataclass
@@ -113,7 +112,7 @@ def probe_answers(ex: Experiment, label: str, samples: Sequence[Sample], max_tok
                 reasons[key] = "unreadable answer"
                 raise
             probe.texts[key] = text
-            if not names_answer(text, answers, _VOCABULARY):
+            if not is_right(text, KIND, answers):
                 reasons[key] = "wrong"
                 raise ValueError(f"not the known answer {answers[0]!r}: {text[:80]!r}")
 
