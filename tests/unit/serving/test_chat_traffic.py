@@ -18,7 +18,8 @@ import pytest
 
 from mmchaos.chaos.payloads import _stream_validator, chat_mix
 from mmchaos.chaos.spec import PayloadSpec
-from mmchaos.checks.serving.faults import ServingFaults, _measured
+from mmchaos.checks.serving._common import measured
+from mmchaos.checks.serving.faults import ServingFaults
 from mmchaos.checks.serving.poison import ServingPoison
 from mmchaos.checks.serving.resilience import ServingResilience
 from mmchaos.data.shapes import make_shapes
@@ -76,7 +77,7 @@ def test_the_chat_checks_need_only_generate_and_stream_half_their_traffic() -> N
 
 
 def test_a_metric_that_was_not_measured_is_absent_never_a_placeholder() -> None:
-    assert _measured(recovery_s=None, during_p99_ms=12.5, requests=0.0) == {"during_p99_ms": 12.5, "requests": 0.0}
+    assert measured(recovery_s=None, during_p99_ms=12.5, requests=0.0) == {"during_p99_ms": 12.5, "requests": 0.0}
 
 
 def test_unknown_stream_faults_are_refused_with_the_closest_name() -> None:

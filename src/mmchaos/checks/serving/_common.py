@@ -183,6 +183,11 @@ def fit_windows(ex: Experiment, baseline: Phase, *, headroom: float = 1.5) -> fl
     return window
 
 
+def measured(**values: float | None) -> dict[str, float]:
+    """The metrics that were measured; one that was not is left out, never a placeholder number."""
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
 def transport_errors(ph: Phase) -> dict[str, int]:
     if ph.result is None:
         return {}

@@ -24,6 +24,7 @@ from mmchaos.checks.serving._common import (
     default_stream_share,
     experiment_finding,
     fit_windows,
+    measured,
     serves_chat,
     severity_rank,
     transport_errors,
@@ -359,7 +360,7 @@ class ServingFaults(Check[ServingFaultsParams, ServingFaultsGate]):
             verdict,
             title,
             severity=severity if verdict == Verdict.FAIL else Severity.INFO,
-            metrics=_measured(
+            metrics=measured(
                 during_success_rate=during.success_rate if r is not None and r.attempted else None,
                 during_p99_ms=during.p99_ms,
                 recovery_s=recovery_s,
@@ -386,8 +387,3 @@ def _truncated_streams(ph: Phase) -> int:
     if ph.result is None:
         return 0
     return sum(1 for r in ph.result.records if r.kind.endswith("_stream") and r.error == "bad_body")
-
-
-def _measured(**values: float | None) -> dict[str, float]:
-    """The metrics that were measured; one that was not is left out, never a placeholder number."""
-    return {k: float(v) for k, v in values.items() if v is not None}

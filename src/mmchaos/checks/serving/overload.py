@@ -20,6 +20,7 @@ from mmchaos.checks.base import Check, CheckContext, Gate
 from mmchaos.checks.serving._common import (
     EMBEDS,
     experiment_finding,
+    measured,
     transport_errors,
 )
 from mmchaos.findings import Finding, Severity, Step, Verdict
@@ -238,7 +239,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
             metrics={
                 "knee_concurrency": float(knee if knee is not None else 0),
                 # left out when no step broke the SLO (not a -1 placeholder)
-                **({"breaking_concurrency": float(broke_at)} if broke_at is not None else {}),
+                **measured(breaking_concurrency=broke_at),
                 "knee_goodput_rps": float(knee_goodput),
                 "max_throughput_rps": max(throughputs),
             },
@@ -311,7 +312,7 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                 "goodput_ratio_past_knee": float(
                     worst_goodput / knee_goodput if worst_goodput is not None and knee_goodput > 0 else 1.0
                 ),
-                **({"recovery_s": float(recovery_s)} if recovery_s is not None else {}),  # absent: not recovered
+                **measured(recovery_s=recovery_s),  # absent: not recovered
                 "recovery_allowance_s": float(drain.seconds if drain is not None else 0.0),
             },
             gate="typed 429/503/504 with Retry-After, every request answered, goodput kept past the knee, recovery "

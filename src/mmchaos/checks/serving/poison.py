@@ -32,6 +32,7 @@ from mmchaos.checks.serving._common import (
     TRANSPORT_KINDS,
     closest_hint,
     experiment_finding,
+    measured,
 )
 from mmchaos.findings import Artifact, Finding, Severity, Step, Verdict
 from mmchaos.targets.base import Capability
@@ -306,8 +307,7 @@ class ServingPoison(Check[ServingPoisonParams, ServingPoisonGate]):
             metrics={
                 "good_success_rate": rate,
                 # a latency not measured (no good request answered) is left out, never a placeholder
-                **({"good_p99_ms": float(p99)} if p99 is not None else {}),
-                **({"baseline_p99_ms": float(baseline_p99)} if baseline_p99 is not None else {}),
+                **measured(good_p99_ms=p99, baseline_p99_ms=baseline_p99),
                 "good_requests": float(len(good)),
                 "poison_requests": float(poison_requests),
             },

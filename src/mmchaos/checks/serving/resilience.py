@@ -31,6 +31,7 @@ from mmchaos.checks.serving._common import (
     default_stream_share,
     experiment_finding,
     fit_windows,
+    measured,
     not_run,
     serves_chat,
 )
@@ -314,11 +315,11 @@ class ServingResilience(Check[ServingResilienceParams, ServingResilienceGate]):
             metrics={
                 # what was not measured (the breaker never opened, the service never recovered) is
                 # left out, never a placeholder number
-                **({"failures_to_open": float(opened_after)} if opened_after is not None else {}),
+                **measured(failures_to_open=opened_after),
                 "rejected_503": float(rejected),
                 "model_calls_while_failing": float(calls_failing),
                 "model_calls_while_open": float(switch.calls_while_open),
-                **({"recovery_s": float(recovery_s)} if recovery_s is not None else {}),
+                **measured(recovery_s=recovery_s),
             },
             gate=(
                 f"opens within {g.max_failures_to_open} failures; <= {g.max_calls_while_open} model calls while "
