@@ -113,8 +113,9 @@ class ImpulseNoise(NoiseKernel):
         # scikit-image's random_noise(mode='s&p') with salt_vs_pepper=0.5, in one draw).
         u, item = rows(fields), rows(images)
         amount = float(params[0]["amount"]) * 65536.0
-        hit = CV.compare(u, amount, cv2.CMP_LT)
-        salt = cv2.bitwise_and(hit, CV.compare(u, amount * 0.5, cv2.CMP_GE))
+        # A scalar spelled for every channel: OpenCV 5.1 reads a bare number as (v, 0, 0, 0).
+        hit = CV.compare(u, (amount,) * 4, cv2.CMP_LT)
+        salt = cv2.bitwise_and(hit, CV.compare(u, (amount * 0.5,) * 4, cv2.CMP_GE))
         return cv2.bitwise_or(cv2.bitwise_and(item, cv2.bitwise_not(hit)), salt)
 
 
