@@ -87,8 +87,9 @@ class LoadConfig(BaseModel):
     seed: int = 0
     resend_stale: bool = Field(
         default=False,
-        description="send a request again, once, when the kept-alive connection it went out on had been closed "
-        "before any answer (uvicorn closes after a 500): off where injected connection faults are the experiment",
+        description="send a request again (up to 16 times) when the kept-alive connection it went out on had been "
+        "closed before any answer (uvicorn closes after a 500): off where injected connection faults are the "
+        "experiment",
     )
 
     @model_validator(mode="after")
@@ -317,6 +318,10 @@ def _is_reset(exc: BaseException) -> bool:
     return "reset by peer" in str(exc).lower()
 
 
+STALE_RESENDS = 16
+"""Resends of one request whose kept-alive connection had been closed unanswered (``resend_stale``)."""
+
+
 def classify(exc: BaseException) -> str:
     """The error kind of an exception raised by httpx."""
     import httpx
@@ -496,10 +501,14 @@ class LoadDriver:
         error: str | None = None
         self._sent += 1
         try:
-            # At most one resend per connection the pool may hold: each stale one is dropped when it fails.
-            tries = 1 + ((cfg.concurrency or cfg.max_in_flight) if cfg.resend_stale else 0)
+            # Each stale connection is dropped when it fails, but a poison answered on another one in
+            # between makes a new one: the count of them is not bounded by the pool's size, so a
+            # request is sent again until it is answered, within STALE_RESENDS and its deadline.
+            tries = 1 + (STALE_RESENDS if cfg.resend_stale else 0)
             for attempt in range(tries):
                 wire = WireTrace()
+                if attempt:
+                    timeout = min(cfg.request_timeout, max(0.001, self._deadline - loop.time()))
                 try:
                     response = await self._send(client, req, timeout, wire)
                     break
