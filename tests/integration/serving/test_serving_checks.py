@@ -338,17 +338,12 @@ def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(mon
 def test_poison_isolation_fails_when_one_image_kills_the_engine() -> None:
     from mmchaos.checks.serving.poison import ServingPoison
 
-    good = run(
-        ServingPoison,
-        HashEmbedTarget(),
-        {**FAST, "poisons": ["huge_image", "invalid_json"], "huge_side": 1536, "poison_s": 1.0},
-    )
+    # A p99 objective no loaded machine misses: both verdicts are about failures, not speed.
+    params = {**FAST, "poisons": ["huge_image", "invalid_json"], "huge_side": 1536, "poison_s": 1.0,
+              "slo": {**FAST["slo"], "p99_ms": 20_000}}  # fmt: skip
+    good = run(ServingPoison, HashEmbedTarget(), params)
     assert all(f.verdict == Verdict.PASS for f in good), [f.title for f in good if f.verdict != Verdict.PASS]
-    findings = run(
-        ServingPoison,
-        EngineDiesOnLargeImages(),
-        {**FAST, "poisons": ["huge_image", "invalid_json"], "huge_side": 1536, "poison_s": 1.0},
-    )
+    findings = run(ServingPoison, EngineDiesOnLargeImages(), params)
     [iso] = [f for f in findings if f.title.startswith("isolation")]
     assert iso.verdict == Verdict.FAIL and iso.metrics["good_success_rate"] < 1.0
     assert any(k.startswith("http_5xx") for k in iso.evidence["good_failures"]), iso.evidence["good_failures"]
@@ -479,7 +474,10 @@ def test_overload_recovery_is_judged_after_the_backlog_drains_at_the_measured_ra
         "slo": {"window_s": 0.5, "p99_ms": 500, "min_window_requests": 2},
         "budget": {**FAST["budget"], "max_rate": 1000},
     }
-    findings = run(ServingOverload, LoadedMachineModel(), params, {"min_knee_concurrency": 1})
+    # Judged on recovery alone: at 8 clients a hogged machine halved the goodput of the knee (9.3 vs
+    # 18.8 req/s), which the collapse gate read as a failure of this correct service.
+    gates = {"min_knee_concurrency": 1, "min_goodput_ratio": 0.0}
+    findings = run(ServingOverload, LoadedMachineModel(), params, gates)
     recovery = _overload_recovery(findings)
     assert recovery.verdict == Verdict.PASS, recovery.title
     allowance = recovery.evidence["recovery_allowance"]
