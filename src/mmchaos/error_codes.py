@@ -110,6 +110,7 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("generate_failed", 500, "the model's generate raised (a crash of the model, not a refusal)"),
         ("image_bad_dtype", 400, "an image array that is not uint8"),
         ("image_bad_shape", 400, "an image array that is not (H, W, 3) (or a layout the caller accepts)"),
+        ("steps_unsupported", 501, "the model cannot decode step by step (its cache or positions); it keeps generate"),
         ("image_required", 422, "the model answers only requests with an image (its generate requires pixels)"),
         ("onnx_provider_missing", 400, "the onnx: device needs an execution provider this onnxruntime lacks"),
         ("onnx_run_failed", 500, "ONNX Runtime failed while running an encoder"),

@@ -19,7 +19,7 @@ import re
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from mmchaos.targets.generation import (
 )
 from mmchaos.targets.hub import directory_fingerprint, drop_length_notice, quiet_transformers, read_config
 from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
+
+if TYPE_CHECKING:
+    from mmchaos.targets.hf_steps import StepBatch
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config", "saved_padding_side"]
 
@@ -373,17 +376,11 @@ class HFVisionLanguageTarget(Target):
         if not requests:
             return []
         chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
-        texts = [self.render(c) for c in chats]
         pictures = [[img for m in c for img in m.images()] for c in chats]
-        self._check_placeholders(texts, pictures)
         if self.images_per_request == 1 and len({bool(p) for p in pictures}) > 1:
+            self._check_image_count(pictures)
             return self._batches_by_image(requests, params, [bool(p) for p in pictures])
-        try:
-            batch = encode(self.processor, texts, pictures, padding=True, padding_side=self.padding_side,
-                           return_tensors="pt")  # fmt: skip
-        except Exception as exc:
-            raise _processor_error(exc, "batch") from None
-        inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+        inputs = self._encode_batch(chats, self.padding_side)
         prompt_len = int(inputs["input_ids"].shape[1])
         if len(chats) > 1:  # name the request that does not fit, not the padded batch
             lengths = inputs["attention_mask"].sum(-1)
@@ -411,6 +408,47 @@ class HFVisionLanguageTarget(Target):
             extra: dict[str, object] = {"image_tokens": image_tokens, "batch_size": len(chats)}
             results.append(GenerationResult(tuple(mine), prompt_tokens=prompt_tokens, extra=extra))
         return results
+
+    def _encode_batch(
+        self, chats: Sequence[Sequence[Message]], padding_side: str, what: str = "batch"
+    ) -> dict[str, Any]:
+        """The processor's padded batch of ``chats`` on the model's device, checked as one request is."""
+        texts = [self.render(c) for c in chats]
+        pictures = [[img for m in c for img in m.images()] for c in chats]
+        self._check_placeholders(texts, pictures)
+        try:
+            batch = encode(self.processor, texts, pictures, padding=True, padding_side=padding_side,
+                           return_tensors="pt")  # fmt: skip
+        except Exception as exc:
+            raise _processor_error(exc, what) from None
+        return {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+    # -- step-by-step decoding (continuous batching's model half: mmchaos.targets.hf_steps) -------------
+
+    @functools.cached_property
+    def steps_unsupported(self) -> str | None:
+        """None when this model decodes step by step as its ``generate`` does; else why not."""
+        from mmchaos.targets.hf_steps import steps_supported
+
+        return steps_supported(self.model)
+
+    def step_batch(self) -> StepBatch:
+        """An empty :class:`~mmchaos.targets.hf_steps.StepBatch` of this model; a model that cannot
+        decode step by step is refused (``steps_unsupported``), and keeps whole-batch ``generate``."""
+        from mmchaos.targets.hf_steps import StepBatch
+
+        if self.steps_unsupported is not None:
+            raise TargetCallError(f"no step-by-step decoding: {self.steps_unsupported}", code="steps_unsupported")
+        return StepBatch(self.model, self.torch, self.device)
+
+    def step_inputs(self, requests: Sequence[str | Sequence[Message]]) -> dict[str, Any]:
+        """The left-padded model inputs of joining ``requests`` for :meth:`StepBatch.join`, refused
+        as :meth:`generate_batch` refuses them (image count, placeholders, a text-only request to a
+        model that needs pixels)."""
+        chats = [as_messages(r, max_pixels=self.max_image_pixels) for r in requests]
+        inputs = self._encode_batch(chats, "left", "batch" if len(chats) > 1 else "request")
+        self._check_image_given(inputs)
+        return inputs
 
     def _batches_by_image(
         self, requests: Sequence[str | Sequence[Message]], params: GenerationParams, has_image: Sequence[bool]
