@@ -294,6 +294,8 @@ def _add_busy(clock: ModelClock, busy: Busy) -> None:
 
 
 ACTOR_GRACE_S = 30.0
+REPLACEMENT_RETRIES = 2
+"""How many times a pool whose replacement actor failed to start its worker is started again."""
 """How long past a job's own timeout and a worker restart the driver waits for an actor's answer."""
 
 
@@ -335,6 +337,7 @@ class RayIsolatedPool:
         self.replacements = 0
         self.load_seconds: list[float] = []
         self._started: list[bool] | None = None
+        self._retries = [0] * len(executor._actors)  # restarts of a failed replacement, per actor
         self._broadcasting = False
 
     @property
@@ -413,6 +416,20 @@ class RayIsolatedPool:
             self._broadcasting = False  # its broadcast pool died with it
         self._usable[index] = self._start(index, replacing=True)
 
+    def _restart_failed_replacements(self) -> None:
+        """Start again, once a call, the pool of an actor whose replacement failed to start it.
+
+        On a starved machine a replacement actor's worker can miss its start timeout (a frozen
+        actor's CPU slot freed late, imports slowed by other load): without a second try the pool
+        stayed one worker short for the rest of the run. At most ``REPLACEMENT_RETRIES`` tries an
+        actor, so a target that no longer loads costs a bounded wait, not one per call."""
+        if self._started is None:
+            return
+        for a, usable in enumerate(self._started):
+            if not usable and self._retries[a] < REPLACEMENT_RETRIES:
+                self._retries[a] += 1
+                self._started[a] = self._start(a, replacing=True)
+
     def map(self, payloads: Sequence[Any], timeout: float) -> Iterator[tuple[int, JobResult]]:
         """Run every payload once; yields (index, result) as they finish.
 
@@ -426,6 +443,7 @@ class RayIsolatedPool:
 
         ray = self.executor._ray
         actors = self.executor._actors
+        self._restart_failed_replacements()
         bound = timeout + self.start_timeout + ACTOR_GRACE_S
         todo = list(range(len(payloads)))[::-1]  # a stack: the next job is last
         queues: list[deque[tuple[Any, int]]] = [deque() for _ in actors]  # (ref, payload index), head running
