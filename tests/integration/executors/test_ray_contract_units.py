@@ -139,10 +139,13 @@ def test_an_actor_that_dies_or_freezes_costs_its_job_alone(local_ray: None, monk
         }
         assert results[1].status == "crashed" and "the Ray actor died" in results[1].detail
         assert results[3].status == "hung" and "no answer from the Ray actor within 47 s" in results[3].detail
-        assert pool.replacements == 2 and pool.workers == 2
+        assert pool.replacements == 2
         # No job here hangs: a long timeout costs nothing, and at 1 s a hogged machine timed them out.
         after = dict(pool.map(["e", "f"], 30.0))
         assert [after[i].value for i in (0, 1)] == ["e", "f"], {i: (r.status, r.detail) for i, r in after.items()}
+        # Both actors work again (a replacement that missed its start on a starved machine is
+        # started again at this map).
+        assert pool.workers == 2
 
 
 def test_a_replacement_that_failed_to_start_its_worker_is_started_again_at_the_next_map(
