@@ -294,9 +294,9 @@ def _add_busy(clock: ModelClock, busy: Busy) -> None:
 
 
 ACTOR_GRACE_S = 30.0
+"""How long past a job's own timeout and a worker restart the driver waits for an actor's answer."""
 REPLACEMENT_RETRIES = 2
 """How many times a pool whose replacement actor failed to start its worker is started again."""
-"""How long past a job's own timeout and a worker restart the driver waits for an actor's answer."""
 
 
 class RayIsolatedPool:

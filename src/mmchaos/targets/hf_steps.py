@@ -105,15 +105,19 @@ class StepBatch:
         cache = getattr(out, "cache", None)
         return out.logits[:, -1, :].float().cpu(), cache if cache is not None else out.past_key_values
 
+    @staticmethod
+    def positions(mask: Any) -> Any:
+        """A left-padded prefill's positions: each row counts its own tokens, padding at 0."""
+        return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
     def join(self, inputs: dict[str, Any]) -> Any:
         """Prefill the left-padded ``inputs`` (the processor's batch of the joining requests) and
         append them as rows; returns their next-token logits ``(joined, vocab)``."""
         torch = self.torch
         mask = inputs["attention_mask"].to(self.device).long()
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        logits, cache = self._forward(**{**inputs, "attention_mask": mask, "position_ids": positions})
+        logits, cache = self._forward(**{**inputs, "attention_mask": mask, "position_ids": self.positions(mask)})
         next_pos = mask.sum(-1)
-        if self.mask is None or len(self) == 0:
+        if len(self) == 0:
             self.cache, self.mask, self.next_pos = cache, mask, next_pos
             return logits
         width = max(self.columns, int(mask.shape[1]))

@@ -105,32 +105,13 @@ class ColumnPositions(StepBatch):
     """BROKEN twin: positions by the padded batch's columns, so a left-padded row's rotary
     positions start at its padding (what a naive KV merge does)."""
 
-    def join(self, inputs: dict[str, Any]) -> Any:
-        mask = inputs["attention_mask"].long()
-        columns = torch.arange(mask.shape[1]).expand_as(mask)
-        logits, cache = self._forward(**{**inputs, "attention_mask": mask, "position_ids": columns})
-        fresh = StepBatch(self.model, self.torch)
-        fresh.cache, fresh.mask, fresh.next_pos = cache, mask, torch.full((mask.shape[0],), mask.shape[1])
-        if len(self) == 0:
-            self.cache, self.mask, self.next_pos = fresh.cache, fresh.mask, fresh.next_pos
-            return logits
-        width = max(self.columns, fresh.columns)
-        for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_pad(old.keys, width, 2), _pad(new.keys, width, 2)])
-            old.values = torch.cat([_pad(old.values, width, 2), _pad(new.values, width, 2)])
-        self.mask = torch.cat([_pad(self.mask, width, 1), _pad(mask, width, 1)])
-        self.next_pos = torch.full((len(self),), width)
-        return logits
+    @staticmethod
+    def positions(mask: Any) -> Any:
+        return torch.arange(mask.shape[1]).expand_as(mask)
 
     def step(self, tokens: Sequence[int]) -> Any:
         self.next_pos = torch.full((len(self),), self.columns)
         return super().step(tokens)
-
-
-def _pad(tensor: Any, width: int, dim: int) -> Any:
-    from mmchaos.targets.hf_steps import _left_pad
-
-    return _left_pad(torch, tensor, width, dim)
 
 
 def test_a_batch_that_numbers_positions_by_column_fails_the_comparison(tiny_vlm: HFVisionLanguageTarget) -> None:
