@@ -1,18 +1,21 @@
-"""Generation throughput and TTFT of `mmchaos serve` (batching on and off) against the bare batched
-`generate` floor on the same model, at concurrency 1, 4 and 16, in one run.
+"""Generation throughput and TTFT of `mmchaos serve` (continuous batching, dynamic batching of whole
+calls, no batching) against the bare batched `generate` floor on the same model, at concurrency
+1, 4 and 16, in one run.
 
 Floor: the target in this process, the same requests in batches of the concurrency
 (`generate_batch`; `generate` alone at 1): completion tokens/s over the whole run, and TTFT as the
 time of one batch of `max_new_tokens=1` (prefill plus the first token). Served: `mmchaos serve
---target T` in a child process (benchmarks/_serve_proc.py), default flags (batching on, 16 slots,
-shedding at 0.5 s) and `--no-batching` (4 slots, as before batching); closed-loop clients that
-share `--requests` chat requests (each sends its share one after another): completion tokens/s from the answers' usage,
+--target T` in a child process (benchmarks/_serve_proc.py), default flags (continuous batching,
+16 slots, shedding at 0.5 s), `--no-continuous-batching` (whole `generate_batch` calls) and
+`--no-batching` (4 slots, as before batching); closed-loop clients that share `--requests` chat
+requests (each sends its share one after another): completion tokens/s from the answers' usage,
 the median latency, the answered and refused (429) counts, and TTFT (median time to the first
-content delta) from a second, streamed pass. Streamed requests are not batched (the target streams
-one request at a time), so the streamed TTFT of the batching server at concurrency > 1 is that of
-requests waiting for the model in turn. Ratios are against the floor at the same concurrency:
+content delta) from a second, streamed pass. Only the continuous server batches streams (the
+others stream one request at a time, so their streamed TTFT at concurrency > 1 is that of
+requests waiting for the model in turn). Ratios are against the floor at the same concurrency:
 tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick); `batch` is the
-mean requests per model batch the server ran (from its /metrics). Both servers run at once and each
+mean requests per model batch the server ran, a prefill's joiners for the continuous one (from its
+/metrics). Both servers run at once and each
 level is measured on the floor and both servers in turn, so load that drifts over the run shifts a
 level's rows alike. (`transformers serve`, which issue 23 also names, is not measured here.)
 
@@ -163,7 +166,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48, help="requests per concurrency level (the floor runs them too)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--serve-args", default="", help="extra flags for the batching server (e.g. '--batch-window 0.02')")
+    ap.add_argument("--serve-args", default="", help="extra flags for both batching servers")
     ap.add_argument("--no-unbatched", action="store_true", help="leave out the --no-batching server")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -173,7 +176,11 @@ def main() -> None:
 
     images = _images(args.requests)
     results: dict[tuple[str, int], dict[str, float]] = {}
-    servers: list[tuple[str, tuple[str, ...]]] = [("serve, batching", tuple(args.serve_args.split()))]
+    extra = tuple(args.serve_args.split())
+    servers: list[tuple[str, tuple[str, ...]]] = [
+        ("serve, continuous", extra),
+        ("serve, dynamic", ("--no-continuous-batching", *extra)),
+    ]
     if not args.no_unbatched:
         servers.append(("serve, --no-batching", ("--no-batching",)))
     target = load_target(args.target)

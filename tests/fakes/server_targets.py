@@ -105,9 +105,10 @@ class WordTokenizer:
 
 class GatedTarget(DelegatingTarget):
     """A real target behind a gate: each model call (alone or batched) is counted with its batch
-    size; while ``blocked``, a call waits for a pass (:meth:`let_through`). Tests hold a call in
-    the model to line up the requests that must batch behind it, deterministically, whatever the
-    machine's speed. ``delay`` seconds are slept in every call."""
+    size (a continuous-batching prefill: its joiners; a step: its rows); while ``blocked``, a
+    call waits for a pass (:meth:`let_through`). Tests hold a call in the model to line up the
+    requests that must batch behind it, deterministically, whatever the machine's speed.
+    ``delay`` seconds are slept in every call."""
 
     def __init__(self, inner: Target) -> None:
         super().__init__(inner)
@@ -131,8 +132,14 @@ class GatedTarget(DelegatingTarget):
         self.passes.release(1000)
 
     def call(self, fn: Callable[..., R], *args: Any) -> R:
-        batch = args[0] if fn.__name__ in ("generate_batch", "embed_texts", "embed_images") else [args[0]]
-        self.batch_sizes.append(len(batch))
+        name = fn.__name__
+        if name == "_join":  # a continuous-batching prefill: (batch, the joiners' inputs)
+            size = int(args[1]["input_ids"].shape[0])
+        elif name == "_step":  # a decoding step: (batch, one token per row)
+            size = len(args[1])
+        else:
+            size = len(args[0]) if name in ("generate_batch", "embed_texts", "embed_images") else 1
+        self.batch_sizes.append(size)
         self.entered.release()
         if self.blocked and not self.passes.acquire(timeout=30.0):
             raise RuntimeError("the test never let the call through")

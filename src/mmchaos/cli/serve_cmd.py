@@ -49,6 +49,13 @@ def _serve(
         bool,
         typer.Option("--no-batching", help="run every request as its own model call (never batch across clients)"),
     ] = False,
+    no_continuous_batching: Annotated[
+        bool,
+        typer.Option(
+            "--no-continuous-batching",
+            help="batch chat generations as whole generate calls, not step by step with requests joining and leaving",
+        ),
+    ] = False,
     max_batch_size: Annotated[
         int, typer.Option("--max-batch-size", help="most requests in one model batch", min=1)
     ] = 16,
@@ -120,6 +127,7 @@ def _serve(
     settings: dict[str, Any] = {
         "max_concurrency": max_concurrency or (4 if no_batching else 16),
         "batching": not no_batching,
+        "continuous_batching": not no_continuous_batching,
         "max_batch_size": max_batch_size,
         "batch_window": batch_window,
         "max_queue": max_queue,

@@ -54,6 +54,11 @@ class ServerConfig(BaseModel):
     #: pads and runs one forward pass per step). Streamed and seeded-sampled requests run alone.
     #: False: every request is its own model call (a deployment that must not batch).
     batching: bool = True
+    #: With batching, continuous batching of chat generations (:mod:`mmchaos.server.continuous`)
+    #: for a target that decodes step by step (``Target.step_decoder``): a request joins the
+    #: running batch between two decoding steps and leaves it after its last token, instead of
+    #: waiting for a whole ``generate_batch`` to end. False: dynamic batching of whole calls.
+    continuous_batching: bool = True
     #: Most requests in one model batch.
     max_batch_size: int = Field(default=16, ge=1, le=1024)
     #: Seconds a batch waits for more requests once the model is free: for requests already

@@ -3,7 +3,8 @@
 A request's work goes: the model name and the images' declared pixels, checked here before
 anything is decoded (404, 413) -> admission and a worker thread (:mod:`.work`: 429, 504, 499) ->
 Preflight on every input, then (batching on) the batcher, which runs the model inputs of requests
-admitted together as one call (:mod:`.batcher`) -> the model lock and the CircuitBreaker
+admitted together as one call (:mod:`.batcher`), or for chat generations of a model that decodes
+step by step the continuous-batching engine (:mod:`.continuous`) -> the model lock and the CircuitBreaker
 (:mod:`.model`: 400/413/415/422, 503 when open) -> DriftMonitor on the embeddings. The endpoints
 (:mod:`.endpoints`) say what each request's work is; this class holds what they share.
 """
@@ -30,6 +31,7 @@ from mmchaos.guard.slo import BurnRateSLO
 from mmchaos.server.admission import Admission
 from mmchaos.server.batcher import Batcher
 from mmchaos.server.config import ServerConfig
+from mmchaos.server.continuous import ContinuousEngine
 from mmchaos.server.errors import RequestCancelled, ServerError
 from mmchaos.server.inputs import Item
 from mmchaos.server.metrics import GenerationMetrics, ServerMetrics
@@ -124,6 +126,16 @@ class GuardedServer:
         self.batch_generation = (
             self.batcher is not None and target.has(Capability.GENERATE) and batches_generation(target)
         )
+        self.model = ModelAccess(
+            target, self.model_name, self.preflight, self.breaker, self.metrics, guards=self.guards
+        )
+        #: The continuous-batching engine of chat generations (None: whole calls, or no batching).
+        self.continuous: ContinuousEngine | None = None
+        steps = getattr(target, "step_decoder", None)
+        wanted = self.batcher is not None and cfg.continuous_batching and target.has(Capability.GENERATE)
+        decoder = steps() if wanted and callable(steps) else None
+        if decoder is not None:
+            self.continuous = ContinuousEngine(decoder, self.model, cfg.max_batch_size, observe=self._observe_batch)
         batched = self.batcher is not None and (
             self.batch_generation or target.has(Capability.EMBED_TEXT) or target.has(Capability.EMBED_IMAGE)
         )
@@ -131,9 +143,6 @@ class GuardedServer:
             cfg.max_concurrency, cfg.max_queue, cfg.max_inflight_pixels, cfg.max_queue_wait,
             batch=min(cfg.max_concurrency, cfg.max_batch_size) if batched else 1,
         )  # fmt: skip
-        self.model = ModelAccess(
-            target, self.model_name, self.preflight, self.breaker, self.metrics, guards=self.guards
-        )
         self.work = WorkPool(
             cfg, self.admission, self.metrics, guards=self.guards,
             call_seconds=lambda: self.model.call_seconds, refusal=self._refusal,
@@ -183,6 +192,8 @@ class GuardedServer:
         self.work.start()
         if self.batcher is not None:
             self.batcher.start()
+        if self.continuous is not None:
+            self.continuous.start()
         self.model.hook_preprocess()
         self.draining = False
         self.running = True
@@ -195,6 +206,8 @@ class GuardedServer:
         self.work.stop(wait)  # first: workers waiting on a batch need the batcher until they end
         if self.batcher is not None:
             self.batcher.stop(wait)
+        if self.continuous is not None:
+            self.continuous.stop(wait)
         self.model.unhook_preprocess()
         if self._own_provider and self.tracer_provider is not None:
             self.tracer_provider.shutdown()  # flushes the spans still batched

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,9 @@ from mmchaos.guard.artefacts import (
     hash_files,
 )
 from mmchaos.targets.generation import Completion, GenerationParams, GenerationResult, Message, StreamUsage
+
+if TYPE_CHECKING:
+    from mmchaos.targets.hf_steps import StepDecoder
 
 __all__ = [
     "CONFIG_FILES",
@@ -125,6 +128,12 @@ class Target:
         :class:`~mmchaos.targets.generation.StreamUsage` (this one does: ``generate``'s counts).
         """
         return _whole_text(self, prompt, images, params)
+
+    def step_decoder(self) -> StepDecoder | None:
+        """Step-by-step decoding with rows joining and leaving (continuous batching in
+        ``mmchaos serve``), for a model checked to decode so as its ``generate`` does; None: it
+        does not (the server batches whole ``generate_batch`` calls, or none)."""
+        return None
 
     def torch_module(self) -> Any:
         """The underlying ``torch.nn.Module``, for white-box checks."""

@@ -18,16 +18,25 @@ What makes a joined row decode as ``generate`` decodes it alone:
   grid; those families keep whole-batch ``generate``.
 
 The caller samples: :meth:`StepBatch.join` and :meth:`StepBatch.step` return each row's logits
-for its next token, in float32 on the CPU.
+for its next token, in float32 on the CPU. :class:`StepDecoder` is what a server's scheduler
+holds of the target: the processor's inputs, the batch, and every forward pass as one model call
+of the target (so a wrapper that times, counts or fails model calls sees each step).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["STEP_FAMILIES", "StepBatch", "steps_supported"]
+from mmchaos.errors import TargetCallError
+
+if TYPE_CHECKING:
+    from mmchaos.targets.generation import GenerationParams, Message
+
+__all__ = ["STEP_FAMILIES", "StepBatch", "StepDecoder", "steps_supported"]
 
 STEP_FAMILIES = frozenset({"llava", "llava_next", "llava_onevision", "idefics3", "smolvlm", "internvl", "janus"})
 """Model types whose language model takes 1-D positions and full attention over a ``DynamicCache``:
@@ -170,3 +179,84 @@ def _left_pad(torch: Any, tensor: Any, width: int, dim: int) -> Any:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _direct(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDecoder:
+    """A target's step-by-step decoding as a scheduler uses it (:mod:`mmchaos.server.continuous`).
+
+    ``call(fn, *args)`` runs each forward pass: the target's wrappers route it through their own
+    ``call`` (:meth:`mmchaos.targets.wrappers.DelegatingTarget.step_decoder`), as they route
+    ``generate``. A model that raises is a ``generate_failed`` finding, as in ``generate``.
+    """
+
+    target: Any  # the HFVisionLanguageTarget
+    call: Callable[..., Any] = _direct
+
+    def routed(self, call: Callable[..., Any]) -> StepDecoder:
+        """This decoder with its forward passes run through ``call`` (inside the current one)."""
+        inner = self.call
+
+        def routed(fn: Callable[..., Any], *args: Any) -> Any:
+            @functools.wraps(fn)  # the outer call sees the pass by its name (_join, _step)
+            def through(*given: Any) -> Any:
+                return inner(fn, *given)
+
+            return call(through, *args)
+
+        return dataclasses.replace(self, call=routed)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.target.tokenizer
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset(self.target._eos_ids())
+
+    @property
+    def torch(self) -> Any:
+        return self.target.torch
+
+    def new_batch(self) -> StepBatch:
+        batch: StepBatch = self.target.step_batch()
+        return batch
+
+    def inputs(self, requests: Sequence[Sequence[Message]]) -> dict[str, Any]:
+        """The processor's left-padded batch of ``requests`` (refused as ``generate_batch`` refuses)."""
+        return dict(self.target.step_inputs(requests))
+
+    def check_context(self, prompt_tokens: int, params: GenerationParams) -> None:
+        """``context_exceeded`` when the prompt plus ``max_new_tokens`` do not fit the model."""
+        self.target._check_context(prompt_tokens, params)
+
+    def image_tokens(self, input_ids: Any) -> int | None:
+        """The image placeholder tokens in one row of the processor's ``input_ids``."""
+        token = self.target.image_token_id
+        return None if token is None else int((input_ids == token).sum().item())
+
+    def join(self, batch: StepBatch, inputs: dict[str, Any]) -> Any:
+        """Prefill ``inputs`` into ``batch`` (one model call); their next-token logits."""
+        return self.call(self._join, batch, inputs)
+
+    def step(self, batch: StepBatch, tokens: Sequence[int]) -> Any:
+        """One decoding step of every row of ``batch`` (one model call); their next-token logits."""
+        return self.call(self._step, batch, list(tokens))
+
+    def _join(self, batch: StepBatch, inputs: dict[str, Any]) -> Any:
+        return self._forward(batch.join, inputs)
+
+    def _step(self, batch: StepBatch, tokens: list[int]) -> Any:
+        return self._forward(batch.step, tokens)
+
+    def _forward(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        with self.target._lock, self.torch.inference_mode():
+            try:
+                return fn(arg)
+            except Exception as exc:  # a model crash on this batch is a finding, with one line
+                line = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                raise TargetCallError(f"generate failed: {line}", code="generate_failed") from None

@@ -40,7 +40,7 @@ from mmchaos.targets.hub import directory_fingerprint, drop_length_notice, quiet
 from mmchaos.targets.vlm_processor import encode, load_processor, render_chat, use_plain_prompts
 
 if TYPE_CHECKING:
-    from mmchaos.targets.hf_steps import StepBatch
+    from mmchaos.targets.hf_steps import StepBatch, StepDecoder
 
 __all__ = ["HFVisionLanguageTarget", "is_generative_config", "saved_padding_side"]
 
@@ -440,6 +440,12 @@ class HFVisionLanguageTarget(Target):
         if self.steps_unsupported is not None:
             raise TargetCallError(f"no step-by-step decoding: {self.steps_unsupported}", code="steps_unsupported")
         return StepBatch(self.model, self.torch, self.device)
+
+    def step_decoder(self) -> StepDecoder | None:
+        """Continuous batching's handle on this model (None: it keeps whole-batch ``generate``)."""
+        from mmchaos.targets.hf_steps import StepDecoder
+
+        return None if self.steps_unsupported is not None else StepDecoder(self)
 
     def step_inputs(self, requests: Sequence[str | Sequence[Message]]) -> dict[str, Any]:
         """The left-padded model inputs of joining ``requests`` for :meth:`StepBatch.join`, refused

@@ -8,10 +8,13 @@ overrides :meth:`~DelegatingTarget.call` (model calls) or a single method, never
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.targets.base import Fingerprint, FloatArray, ImageArray, Target
 from mmchaos.targets.generation import GenerationParams, GenerationResult, Message
+
+if TYPE_CHECKING:
+    from mmchaos.targets.hf_steps import StepDecoder
 
 __all__ = ["DelegatingTarget", "as_model_call", "unwrap"]
 
@@ -96,6 +99,12 @@ class DelegatingTarget(Target):
     def decode_text(self, blob: bytes) -> str:
         fn = getattr(self.inner, "decode_text", None)
         return super().decode_text(blob) if fn is None else fn(blob)
+
+    def step_decoder(self) -> StepDecoder | None:
+        # Each forward pass is a model call of this wrapper too (timed, counted, failed by it).
+        fn = getattr(self.inner, "step_decoder", None)
+        decoder = fn() if callable(fn) else None
+        return None if decoder is None else decoder.routed(self.call)
 
     def torch_module(self) -> Any:
         return self.inner.torch_module()

@@ -147,7 +147,9 @@ def chat_reference(vlm: GatedTarget) -> list[Any]:
     return _sequential(vlm, "/v1/chat/completions", [_chat(i) for i in range(8)])
 
 
-BATCHED = ServerConfig(model_name="m", max_concurrency=8)
+#: Dynamic batching of whole calls (tests/integration/server/test_server_continuous.py has the
+#: continuous batching that chat generations of builtin:tiny-vlm get by default).
+BATCHED = ServerConfig(model_name="m", max_concurrency=8, continuous_batching=False)
 
 
 @pytest.mark.parametrize("kind", ["chat", "embeddings"])
@@ -207,8 +209,9 @@ def test_mmchaos_serve_batches_by_default_and_no_batching_turns_it_off(monkeypat
     serve_command(target="py:tests.fakes.targets:hash_embed", port=0)
     serve_command(target="py:tests.fakes.targets:hash_embed", port=0, no_batching=True)
     serve_command(target="py:tests.fakes.targets:hash_embed", port=0, max_concurrency=2, max_batch_size=2)
-    assert [(c.batching, c.max_concurrency, c.max_batch_size) for c in seen] == [
-        (True, 16, 16), (False, 4, 16), (True, 2, 2)
+    serve_command(target="py:tests.fakes.targets:hash_embed", port=0, no_continuous_batching=True)
+    assert [(c.batching, c.continuous_batching, c.max_concurrency, c.max_batch_size) for c in seen] == [
+        (True, True, 16, 16), (False, True, 4, 16), (True, True, 2, 2), (True, False, 16, 16)
     ]  # fmt: skip
 
 
@@ -286,17 +289,21 @@ def _serve_config(monkeypatch: pytest.MonkeyPatch, **flags: Any) -> ServerConfig
     return seen[0].model_copy(update={"model_name": "m"})
 
 
-@pytest.mark.parametrize("old", [False, True], ids=["batching", "old-defaults"])
+@pytest.mark.parametrize("mode", ["continuous", "dynamic", "old-defaults"])
 def test_a_burst_of_16_is_served_whole_by_the_default_batching_server(
-    old: bool, vlm: GatedTarget, monkeypatch: pytest.MonkeyPatch
+    mode: str, vlm: GatedTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 23: at concurrency 16 with default shedding, 7-8 of 48 requests were answered, the rest
     429. The default server (16 slots, batching) admits 16 clients' requests, two rounds of them,
     and answers all; the old defaults (4 slots, no batching: ``--max-concurrency 4 --no-batching``)
     shed most of the same burst. A 0.2 s sleep in every model call makes the old server's expected
     wait (places x one call) exceed its 0.5 s at place 3 whatever the machine's speed; the new one
-    never queues (16 slots, each client's slot freed before its answer is sent)."""
-    config = _serve_config(monkeypatch, **({"max_concurrency": 4, "no_batching": True} if old else {}))
+    never queues (16 slots, each client's slot freed before its answer is sent), with continuous
+    batching (each decoding step a model call) or whole batched calls."""
+    old = mode == "old-defaults"
+    flags = {"old-defaults": {"max_concurrency": 4, "no_batching": True}, "dynamic": {"no_continuous_batching": True}}
+    config = _serve_config(monkeypatch, **flags.get(mode, {}))
+    assert (config.batching and config.continuous_batching) == (mode == "continuous")
     body = _chat(1, max_tokens=4)
     vlm.delay = 0.2
     try:

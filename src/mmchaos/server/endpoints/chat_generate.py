@@ -193,7 +193,18 @@ def generate_job(
     server: GuardedServer, turns: Sequence[Turn], params: GenerationParams, token_ids: bool, cancel: threading.Event
 ) -> _Answer:
     """The answer, and with ``params.logprobs`` each completion's tokens as text (decoded under the
-    model lock, as ``token_id:N`` with ``token_ids``); batched with other requests' when it may be."""
+    model lock, as ``token_id:N`` with ``token_ids``); batched with other requests' when it may be:
+    decoded with the running rows by the continuous-batching engine where it takes the request,
+    else in one ``generate_batch`` with requests of the same sampling parameters."""
+    engine = server.continuous
+    if engine is not None and engine.takes(params):
+        messages = chat_messages(server, turns, cancel)
+        result = _check_generation(engine.submit(messages, params, cancel), params.n)
+        texts = None
+        if params.logprobs:
+            with server.model.lock:  # fast tokenizers are not thread-safe
+                texts = [_token_texts(server, c, params, token_ids) for c in result.completions[: params.n]]
+        return result, texts
     shared = batch_key(server, params)
     if shared is None or server.batcher is None:
         request = (chat_messages(server, turns, cancel), params, token_ids)

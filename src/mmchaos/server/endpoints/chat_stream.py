@@ -49,11 +49,17 @@ def stream_job(
     """Decode, then stream the target's deltas through ``emit`` under the model lock and breaker.
 
     A cancelled request (its client left) stops at its next delta and closes the target's
-    stream, so the model and the slot go to the next request. Returns the stream's usage: the
+    stream, so the model and the slot go to the next request. Where the continuous-batching
+    engine takes the request, it streams from there, decoded with the running rows. Returns the stream's usage: the
     target's own counts where its stream returns them (:class:`StreamUsage`), else the text's
     tokens by the target's tokenizer.
     """
     messages = chat_messages(server, turns, cancel)
+    engine = server.continuous
+    if engine is not None and engine.takes(params):  # decoded with the running rows
+        result = engine.submit(messages, params, cancel, on_delta=emit)
+        spent = result.completions[0].token_ids
+        return StreamUsage(prompt_tokens=result.prompt_tokens, completion_tokens=None if spent is None else len(spent))
 
     def run(msgs: list[Message]) -> StreamUsage:
         deltas = iter(server.target.generate_stream(msgs, (), params))
