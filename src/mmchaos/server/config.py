@@ -51,7 +51,8 @@ class ServerConfig(BaseModel):
     #: Dynamic batching across requests (:mod:`mmchaos.server.batcher`): the embeddings of requests
     #: admitted together are one model call per modality, and generations with the same sampling
     #: parameters one batched ``generate`` (for a target that batches: one whose ``generate_batch``
-    #: pads and runs one forward pass per step). Streamed and seeded-sampled requests run alone.
+    #: pads and runs one forward pass per step). Seeded-sampled requests run alone, and so do streams
+    #: outside continuous batching.
     #: False: every request is its own model call (a deployment that must not batch).
     batching: bool = True
     #: With batching, continuous batching of chat generations (:mod:`mmchaos.server.continuous`)

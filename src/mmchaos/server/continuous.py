@@ -182,7 +182,6 @@ class ContinuousEngine:
         thread, self._thread = self._thread, None
         if thread is not None and wait:
             thread.join()
-            self._refuse_all()
 
     # -- the worker's side ---------------------------------------------------------------------------
 
@@ -233,9 +232,8 @@ class ContinuousEngine:
                 if self._rows:
                     self._step()
                     self._leave()
-        except BaseException:
+        finally:  # stopping (or going down): nobody waits forever
             self._refuse_all()
-            raise
 
     def _joiners(self) -> list[_Request] | None:
         """The requests that join before the next step (maybe none); None: the engine stops."""
@@ -340,11 +338,10 @@ class ContinuousEngine:
     def _leave(self) -> None:
         """Rows that finished, failed or were cancelled leave the batch (its cache is cut to the rest)."""
         with self._cond:
-            keep = [i for i, row in enumerate(self._rows) if not row.request.done.is_set()]
             for row in self._rows:
-                if not row.request.done.is_set() and row.request.cancel.is_set():
-                    row.request.resolve(RequestCancelled())
-            keep = [i for i in keep if not self._rows[i].request.done.is_set()]
+                if row.request.cancel.is_set():
+                    row.request.resolve(RequestCancelled())  # a no-op for a row already answered
+            keep = [i for i, row in enumerate(self._rows) if not row.request.done.is_set()]
             if len(keep) == len(self._rows):
                 return
             self._rows = [self._rows[i] for i in keep]
@@ -354,22 +351,27 @@ class ContinuousEngine:
 
     def _advance(self, rows: Sequence[_Row], logits: Any) -> None:
         """Each row's next token from its logits row; finished rows are answered (they leave next)."""
+        torch = self.torch
+        # One pass over the batch for what every row needs (a step's work per row is small).
+        broken = (torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)).tolist()
+        argmax = logits.argmax(-1).tolist()
         with self.model.lock:  # the tokenizer (stop strings, streamed text) is not thread-safe
-            for row, scores in zip(rows, logits, strict=True):
+            for i, row in enumerate(rows):
                 try:
-                    self._take(row, scores)
+                    if broken[i]:
+                        raise BadModelOutput("the model returned NaN or +inf logits", code="non_finite_output")
+                    params = row.request.params
+                    token = argmax[i] if params.greedy else sample_token(torch, logits[i], params, row.generator)
+                    self._take(row, token, logits[i])
                 except Exception as exc:
                     row.request.resolve(exc)
                     continue
                 if row.finish is not None:
                     row.request.resolve(self._answer(row))
 
-    def _take(self, row: _Row, scores: Any) -> None:
-        torch, params = self.torch, row.request.params
-        if bool(torch.isnan(scores).any()) or bool(torch.isposinf(scores).any()):
-            raise BadModelOutput("the model returned NaN or +inf logits", code="non_finite_output")
-        token = sample_token(torch, scores, params, row.generator)
-        row.ids.append(token)
+    def _take(self, row: _Row, token: int, scores: Any) -> None:
+        params = row.request.params
+        row.ids.append(int(token))
         if params.logprobs:
             log_probs = scores.log_softmax(-1)
             row.logprobs.append(float(log_probs[token]))

@@ -258,6 +258,7 @@ class FailingPasses(DelegatingTarget):
         super().__init__(inner)
         self.poison_ids = poison_ids
         self.fail_step: int | None = None
+        self.nan_step: int | None = None  # this step's first row gets NaN logits
         self.steps = 0
         self.lock = threading.Lock()
 
@@ -270,6 +271,10 @@ class FailingPasses(DelegatingTarget):
             self.steps += 1
             if self.steps == self.fail_step:
                 raise RuntimeError("crashed step")
+            if self.steps == self.nan_step:
+                logits = super().call(fn, *args).clone()  # an inference tensor: not written in place
+                logits[0, 3] = float("nan")
+                return logits
         return super().call(fn, *args)
 
 
@@ -316,6 +321,22 @@ def test_a_crashed_step_fails_its_rows_and_the_server_goes_on(vlm: GatedTarget, 
         assert "crashed step" in first.result(120).json()["error"]["message"]
         assert engine.running == 0
         assert _answer(PATH, _post(srv.url, PATH)(_chat(3, 12))) == reference[3]
+
+
+def test_a_row_with_nan_logits_fails_alone(vlm: GatedTarget, reference: list[Any]) -> None:
+    """The model gives one row NaN logits in its second step: that request fails (500, the
+    model's fault, named in the message) and leaves; the other row decodes on to its answer alone."""
+    failing, _ = _poisoned(vlm)
+    failing.nan_step = 2
+    with ServerThread(failing, CONTINUOUS) as srv, ThreadPoolExecutor(2) as pool:
+        engine = _engine(srv)
+        first = _held_first(srv, vlm, pool, _chat(0, 12))
+        second = pool.submit(_post(srv.url, PATH), _chat(2, 12))
+        wait_until(lambda: engine.waiting == 1)
+        vlm.open()
+        bad = first.result(120)
+        assert bad.status_code == 500 and "NaN or +inf logits" in bad.json()["error"]["message"]
+        assert _answer(PATH, second.result(120)) == reference[2]
 
 
 # -- sampling as transformers samples -------------------------------------------------------------------
