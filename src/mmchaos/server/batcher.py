@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmchaos.server.errors import RequestCancelled, ServerError
+from mmchaos.server.model_thread import ModelThread
 
 __all__ = ["BatchRunner", "Batcher"]
 
@@ -37,7 +38,6 @@ __all__ = ["BatchRunner", "Batcher"]
 #: is that request's failure. ``cancel`` is set when no request of the batch waits for it any more.
 BatchRunner = Callable[[Sequence[Any], threading.Event], Sequence[Any]]
 
-_POLL_S = 0.05  # how often a waiting worker looks at its cancel event
 _LONE_WAIT_SHARE = 0.1  # without a request on its way, wait at most this share of a call for company
 
 
@@ -61,7 +61,7 @@ class _Entry:
         self.done.set()
 
 
-class Batcher:
+class Batcher(ModelThread[_Entry]):
     """One thread that runs submitted model inputs in batches of up to ``max_batch`` per key."""
 
     def __init__(
@@ -72,43 +72,16 @@ class Batcher:
         name: str = "mmchaos-batcher",
         observe: Callable[[Hashable, int], None] | None = None,
     ) -> None:
+        super().__init__(name)
         self.max_batch = max_batch
         self.window = window
-        self.name = name
         self.observe = observe  # (key, size) of every batch run
-        self._cond = threading.Condition()
-        self._pending: list[_Entry] = []
         self._coming = 0  # requests admitted and decoding, that will submit
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         #: EWMA seconds of one batch call per key (what a lone request's wait is measured against).
         self._call_seconds: dict[Hashable, float] = {}
         self._last_size: dict[Hashable, int] = {}
         #: Sizes of the batches run, the most recent last (bounded): for /metrics and the tests.
         self.sizes: list[int] = []
-
-    @property
-    def waiting(self) -> int:
-        """Requests submitted and not yet in a running batch."""
-        with self._cond:
-            return len(self._pending)
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        with self._cond:
-            self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, wait: bool = True) -> None:
-        """Stop the thread after the batch it runs; requests still waiting are refused (not_ready)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        thread, self._thread = self._thread, None
-        if thread is not None and wait:
-            thread.join()
 
     # -- the worker's side ---------------------------------------------------------------------------
 
@@ -152,16 +125,8 @@ class Batcher:
                 raise RequestCancelled()
             self._pending.append(entry)
             self._cond.notify_all()
-        while not entry.done.wait(_POLL_S):
-            if cancel.is_set():
-                with self._cond:
-                    if not entry.running and not entry.done.is_set():
-                        self._pending.remove(entry)
-                        raise RequestCancelled()
-                # running: the batch holds its inputs; wait for it to end, as an unbatched call would
-        if entry.error is not None:
-            raise entry.error
-        return entry.result
+        # Running, it waits for its batch to end (the batch holds its inputs), as an unbatched call would.
+        return self._answer_of(entry)
 
     # -- the batcher thread ----------------------------------------------------------------------------
 

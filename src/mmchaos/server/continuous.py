@@ -36,6 +36,7 @@ from typing import Any
 
 from mmchaos.server.errors import BadModelOutput, RequestCancelled, ServerError
 from mmchaos.server.model import ModelAccess, as_is
+from mmchaos.server.model_thread import ModelThread
 from mmchaos.targets.generation import (
     Completion,
     FinishReason,
@@ -54,7 +55,6 @@ JOIN_AFTER_STEPS = 4
 #: ``on_delta(text)``: a streamed request's next piece of text, called from the engine thread.
 DeltaSink = Callable[[str], None]
 
-_POLL_S = 0.05  # how often a waiting worker looks at its cancel event
 _NOT_RUNNING = "the server is not running"
 
 
@@ -118,7 +118,7 @@ class _Row:
     text: str = ""
 
 
-class ContinuousEngine:
+class ContinuousEngine(ModelThread[_Request]):
     """One thread decoding the running rows of ``decoder``'s model, up to ``max_rows`` at once."""
 
     def __init__(
@@ -130,19 +130,15 @@ class ContinuousEngine:
         name: str = "mmchaos-continuous",
         observe: Callable[[Hashable, int], None] | None = None,
     ) -> None:
+        super().__init__(name)
         self.decoder = decoder
         self.model = model
         self.max_rows = max_rows
-        self.name = name
         self.observe = observe  # ("chat", joiners) of every prefill
         self.torch = decoder.torch
         self.eos = decoder.eos_ids
-        self._cond = threading.Condition()
-        self._pending: list[_Request] = []
         self._rows: list[_Row] = []
         self._batch: StepBatch = decoder.new_batch()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         self._never = threading.Event()  # the engine's own calls: rows leave by their own cancel
         self.steps = 0
         #: Rows of each step, the most recent last (bounded): for the tests and the benchmark.
@@ -156,32 +152,9 @@ class ContinuousEngine:
         return params.greedy or (params.seed is None and params.n == 1)
 
     @property
-    def waiting(self) -> int:
-        """Requests submitted and not yet running."""
-        with self._cond:
-            return len(self._pending)
-
-    @property
     def running(self) -> int:
         with self._cond:
             return len(self._rows)
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        with self._cond:
-            self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, wait: bool = True) -> None:
-        """Stop after the step that runs; rows and requests still waiting are refused (not_ready)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        thread, self._thread = self._thread, None
-        if thread is not None and wait:
-            thread.join()
 
     # -- the worker's side ---------------------------------------------------------------------------
 
@@ -206,17 +179,8 @@ class ContinuousEngine:
                 raise RequestCancelled()
             self._pending.append(request)
             self._cond.notify_all()
-        while not request.done.wait(_POLL_S):
-            if cancel.is_set():
-                with self._cond:
-                    if not request.running and not request.done.is_set():
-                        self._pending.remove(request)
-                        raise RequestCancelled()
-                # running: it leaves the batch at the next step
-        if request.error is not None:
-            raise request.error
-        assert request.result is not None
-        return request.result
+        result: GenerationResult = self._answer_of(request)  # running, it leaves at the next step
+        return result
 
     # -- the engine thread -----------------------------------------------------------------------------
 

@@ -25,9 +25,9 @@ from mmchaos.server.continuous import ContinuousEngine, sample_token, top_p_filt
 from mmchaos.targets import load_target
 from mmchaos.targets.base import Target
 from mmchaos.targets.generation import GenerationParams
-from mmchaos.targets.hf_steps import StepBatch
 from mmchaos.targets.wrappers import DelegatingTarget
 from tests.fakes.server_targets import GatedTarget
+from tests.fakes.step_batches import ColumnPositions
 from tests.integration.server.test_server_batching import _answer, _chat, _gone, _post, _raw_chat, wait_until
 
 pytestmark = pytest.mark.integration
@@ -73,23 +73,6 @@ def _held_first(srv: ServerThread, vlm: GatedTarget, pool: ThreadPoolExecutor, b
 
 
 # -- joining -------------------------------------------------------------------------------------------
-
-
-class ColumnPositions(StepBatch):
-    """BROKEN twin: positions by the padded batch's columns (a naive KV merge's bug), so a
-    left-padded row's rotary positions start at its padding."""
-
-    @staticmethod
-    def positions(mask: Any) -> Any:
-        import torch
-
-        return torch.arange(mask.shape[1]).expand_as(mask)
-
-    def step(self, tokens: Sequence[int]) -> Any:
-        import torch
-
-        self.next_pos = torch.full((len(self),), self.columns)
-        return super().step(tokens)
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["own-positions", "column-positions"])
@@ -306,28 +289,19 @@ def test_a_poison_request_fails_its_prefill_alone(vlm: GatedTarget, reference: l
     assert got == [reference[i] for i in (0, 2, 3, 4)]
 
 
-def test_a_crashed_step_fails_its_rows_and_the_server_goes_on(vlm: GatedTarget, reference: list[Any]) -> None:
-    """The model crashes in the third step of two rows: both fail (their cache is one tensor),
-    and the next request decodes in a new batch and gets its answer alone."""
+@pytest.mark.parametrize("fault", ["crashed step", "nan row"])
+def test_a_failing_step_fails_what_it_broke_and_the_server_goes_on(
+    fault: str, vlm: GatedTarget, reference: list[Any]
+) -> None:
+    """Two rows decode. The model crashes in their third step: both fail (500; their cache is one
+    tensor) and the next request decodes in a new batch and gets its answer alone. Or the model
+    gives the first row NaN logits in the second step: that request fails (500, the model's fault,
+    named in the message) and leaves, and the other row decodes on to its answer alone."""
     failing, _ = _poisoned(vlm)
-    failing.fail_step = 3
-    with ServerThread(failing, CONTINUOUS) as srv, ThreadPoolExecutor(2) as pool:
-        engine = _engine(srv)
-        first = _held_first(srv, vlm, pool, _chat(0, 12))
-        second = pool.submit(_post(srv.url, PATH), _chat(2, 12))
-        wait_until(lambda: engine.waiting == 1)
-        vlm.open()
-        assert [first.result(120).status_code, second.result(120).status_code] == [500, 500]
-        assert "crashed step" in first.result(120).json()["error"]["message"]
-        assert engine.running == 0
-        assert _answer(PATH, _post(srv.url, PATH)(_chat(3, 12))) == reference[3]
-
-
-def test_a_row_with_nan_logits_fails_alone(vlm: GatedTarget, reference: list[Any]) -> None:
-    """The model gives one row NaN logits in its second step: that request fails (500, the
-    model's fault, named in the message) and leaves; the other row decodes on to its answer alone."""
-    failing, _ = _poisoned(vlm)
-    failing.nan_step = 2
+    if fault == "crashed step":
+        failing.fail_step = 3
+    else:
+        failing.nan_step = 2
     with ServerThread(failing, CONTINUOUS) as srv, ThreadPoolExecutor(2) as pool:
         engine = _engine(srv)
         first = _held_first(srv, vlm, pool, _chat(0, 12))
@@ -335,8 +309,14 @@ def test_a_row_with_nan_logits_fails_alone(vlm: GatedTarget, reference: list[Any
         wait_until(lambda: engine.waiting == 1)
         vlm.open()
         bad = first.result(120)
-        assert bad.status_code == 500 and "NaN or +inf logits" in bad.json()["error"]["message"]
-        assert _answer(PATH, second.result(120)) == reference[2]
+        assert bad.status_code == 500
+        if fault == "crashed step":
+            assert "crashed step" in bad.json()["error"]["message"] and second.result(120).status_code == 500
+            assert engine.running == 0
+            assert _answer(PATH, _post(srv.url, PATH)(_chat(3, 12))) == reference[3]
+        else:
+            assert "NaN or +inf logits" in bad.json()["error"]["message"]
+            assert _answer(PATH, second.result(120)) == reference[2]
 
 
 # -- sampling as transformers samples -------------------------------------------------------------------

@@ -6,7 +6,7 @@ do not handle are refused in one line, before any decoding."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from mmchaos.errors import TargetCallError
 from mmchaos.targets.generation import GenerationParams, Message
 from mmchaos.targets.hf_steps import StepBatch, steps_supported
 from mmchaos.targets.hf_vlm import HFVisionLanguageTarget
+from tests.fakes.step_batches import ColumnPositions
 from tests.support.vlms import loaded_vlms
 
 pytestmark = pytest.mark.integration
@@ -99,19 +100,6 @@ def test_each_supported_family_decodes_step_by_step_as_its_generate(family: str,
     target = vlm(family)
     assert target.steps_unsupported is None
     assert decode_with_joins(target) == alone(target)
-
-
-class ColumnPositions(StepBatch):
-    """BROKEN twin: positions by the padded batch's columns, so a left-padded row's rotary
-    positions start at its padding (what a naive KV merge does)."""
-
-    @staticmethod
-    def positions(mask: Any) -> Any:
-        return torch.arange(mask.shape[1]).expand_as(mask)
-
-    def step(self, tokens: Sequence[int]) -> Any:
-        self.next_pos = torch.full((len(self),), self.columns)
-        return super().step(tokens)
 
 
 def test_a_batch_that_numbers_positions_by_column_fails_the_comparison(tiny_vlm: HFVisionLanguageTarget) -> None:
