@@ -43,7 +43,8 @@ SUITE: dict[str, Any] = {
 }  # fmt: skip
 TOLERANCE = 0.1
 """Largest absolute difference of a non-timing metric between the two runs. In-process requests are
-answered in one left-padded batch, served ones one by one: tokens agree exactly on the tiny VLM
+answered in one left-padded batch, served ones concurrently by the server's continuous batching
+(rows joining the running batch by their own prefill): tokens agree exactly on the tiny VLM
 (see docs/vlm.md), and this leaves room for one near-tie answer of 8 flipping on another machine."""
 TIMING = re.compile(r"(_ms|_s$|_s_|ttft|tpot|itl|goodput|latency|per_s|rps|throughput|release|wall)")
 """Metrics that measure time: they differ between any two runs and are not compared."""
