@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["average_precision", "ndcg_at"]
+__all__ = ["average_precision", "ndcg_at", "ranking_metrics"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -28,7 +28,24 @@ def average_precision(sim: npt.NDArray[np.floating], relevant: npt.NDArray[np.bo
     A query with no relevant item scores 0 (it cannot be answered, and counting it as perfect would
     hide a gallery that lost its items).
     """
+    return _average_precision(_order(sim, relevant))
+
+
+def ndcg_at(sim: npt.NDArray[np.floating], relevant: npt.NDArray[np.bool_], k: int = 10) -> Floats:
+    """Per query: DCG of its top ``k`` (binary gains, log2 discount) over the best achievable DCG."""
+    return _ndcg(_order(sim, relevant), relevant.sum(axis=1), k)
+
+
+def ranking_metrics(
+    sim: npt.NDArray[np.floating], relevant: npt.NDArray[np.bool_], k: int = 10
+) -> tuple[Floats, Floats]:
+    """(average precision, nDCG@k) per query, from one ranking of each row: the sort is most of
+    their cost, and a retrieval sweep asks for both on every shard."""
     ranked = _order(sim, relevant)
+    return _average_precision(ranked), _ndcg(ranked, relevant.sum(axis=1), k)
+
+
+def _average_precision(ranked: npt.NDArray[np.bool_]) -> Floats:
     hits = np.cumsum(ranked, axis=1)
     positions = np.arange(1, ranked.shape[1] + 1)
     precision_at_hits = np.where(ranked, hits / positions, 0.0)
@@ -39,12 +56,11 @@ def average_precision(sim: npt.NDArray[np.floating], relevant: npt.NDArray[np.bo
     return out
 
 
-def ndcg_at(sim: npt.NDArray[np.floating], relevant: npt.NDArray[np.bool_], k: int = 10) -> Floats:
-    """Per query: DCG of its top ``k`` (binary gains, log2 discount) over the best achievable DCG."""
-    ranked = _order(sim, relevant)[:, :k].astype(np.float64)
-    discount = 1.0 / np.log2(np.arange(2, ranked.shape[1] + 2))
-    dcg = ranked @ discount
-    n_ideal = np.minimum(relevant.sum(axis=1), ranked.shape[1])
+def _ndcg(ranked: npt.NDArray[np.bool_], n_relevant: npt.NDArray[np.integer], k: int) -> Floats:
+    top = ranked[:, :k].astype(np.float64)
+    discount = 1.0 / np.log2(np.arange(2, top.shape[1] + 2))
+    dcg = top @ discount
+    n_ideal = np.minimum(n_relevant, top.shape[1])
     ideal = np.concatenate([[0.0], np.cumsum(discount)])[n_ideal]
-    out: Floats = np.divide(dcg, ideal, out=np.zeros(len(ranked)), where=ideal > 0).astype(np.float64)
+    out: Floats = np.divide(dcg, ideal, out=np.zeros(len(top)), where=ideal > 0).astype(np.float64)
     return out

@@ -1,4 +1,5 @@
-"""Retrieval's ranking metrics: mAP and nDCG@10 beside recall@k (issue 25, item 8)."""
+"""Retrieval's ranking metrics: mAP and nDCG@10 beside recall@k (issue 25, item 8), ranked in
+blocks of queries so a large gallery does not grow memory (issue 23)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,71 @@ def test_shards_give_the_whole_set_s_ranking_metrics() -> None:
     combined = task.combine(data, parts)
     for key in ("mAP", "ndcg@10", "recall@5"):
         assert combined.extra[key] == pytest.approx(whole.extra[key])
+
+
+class _RandomTarget(Target):
+    """Sample ``i`` (pixel 0's first two values) embeds as row ``i`` of one random table, its image
+    and its caption alike plus noise: a large gallery with real, varied rankings."""
+
+    capabilities = frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT})
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(1)
+        self._image = rng.normal(size=(n, 16)).astype(np.float32)
+        self._text = self._image + rng.normal(scale=2.0, size=(n, 16)).astype(np.float32)
+
+    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return self._image[[int(i[0, 0, 0]) * 256 + int(i[0, 0, 1]) for i in images]]
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        return self._text[[int(t.split()[-1]) for t in texts]]
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(weights="random-table")
+
+
+def _gallery(n: int) -> Dataset:
+    samples = []
+    for i in range(n):
+        image = np.zeros((2, 2, 3), np.uint8)
+        image[0, 0, :2] = divmod(i, 256)
+        samples.append(Sample(f"s{i}", image=image, caption=f"item {i}", label=f"c{i % 7}"))
+    return Dataset("gallery", samples)
+
+
+@pytest.mark.parametrize("task", [TextToImageRetrieval, ImageToTextRetrieval])
+def test_a_gallery_ranked_in_blocks_gives_the_one_matrix_numbers(task: type) -> None:
+    n = 600  # 600 x 600 similarities: three blocks of 200 queries
+    data, target = _gallery(n), _RandomTarget(n)
+    got = task(batch_size=64).evaluate(target, data)
+    img, txt = (v / np.linalg.norm(v, axis=1, keepdims=True) for v in (target._image, target._text))
+    queries, gallery = (txt, img) if task.query == "text" else (img, txt)
+    sim = queries @ gallery.T
+    codes = np.arange(n) % 7
+    relevant = codes[None, :] == codes[:, None]
+    ranks = (sim > sim[np.arange(n), np.arange(n)][:, None]).sum(axis=1)
+    assert got.metric == pytest.approx(float((ranks < 1).mean()))
+    assert got.extra["mean_rank"] == pytest.approx(float(ranks.mean() + 1))
+    assert got.extra["mAP"] == pytest.approx(float(average_precision(sim, relevant).mean()))
+    assert got.extra["ndcg@10"] == pytest.approx(float(ndcg_at(sim, relevant, 10).mean()))
+    assert got.per_sample == pytest.approx(1.0 / (1.0 + ranks))
+
+
+def test_ranking_a_shard_in_a_large_gallery_holds_bounded_memory() -> None:
+    """A sweep's shard of 64 queries ranks each in the whole gallery: 20,000 items is 1.28 M
+    similarities, whose sort would take about 50 MB at once; in blocks it stays near 5 MB (the
+    robustness sweep's memory stays flat from 100 to 10,000 samples: benchmarks/sweep_scale.py)."""
+    import tracemalloc
+
+    n = 20_000
+    data, target = _gallery(n), _RandomTarget(n)
+    task = TextToImageRetrieval(batch_size=256)
+    task.evaluate_shard(target, data, list(range(64)))  # the clean gallery's embeddings, cached
+    tracemalloc.start()
+    try:
+        result = task.evaluate_shard(target, data, list(range(64, 128)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(result.per_sample) == 64
+    assert peak < 16 * 2**20, f"ranking 64 queries in {n:,} items peaked at {peak / 2**20:.1f} MiB"
