@@ -3,7 +3,8 @@
 The dataset is a JSONL file of 64x64 PNGs on disk (image, label, caption), as a user's would be;
 each size runs in a fresh process, so peak RSS is that run's alone. Flat memory means the peak
 at 5,000 samples stays within 10% of the peak at 100; linear time means seconds per sample stay
-about constant.
+about constant. CPU seconds (the run's, in the child) are given beside wall seconds: on a shared
+machine they say whether time per sample grows with the samples when wall time is load's.
 
     python benchmarks/sweep_scale.py [--sizes 100 1000 5000] [--target builtin:tiny-clip]
     python benchmarks/sweep_scale.py --pythonpath /path/to/other/src   # compare another checkout
@@ -44,6 +45,17 @@ def write_dataset(root: Path, n: int) -> Path:
     return index
 
 
+def _peak_rss_kb() -> int:
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux keeps that across
+    ``execve``, so a child started by a parent holding the dataset's images would report the
+    parent's peak (the 171 MB at every size this benchmark once printed)."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise SystemExit("no VmHWM in /proc/self/status: this benchmark reads Linux's peak RSS")
+
+
 def one(target: str, data: str, samples: int, sharded: bool) -> None:
     """Child process: run the sweep once and print a JSON line with its numbers."""
     import resource
@@ -56,16 +68,19 @@ def one(target: str, data: str, samples: int, sharded: bool) -> None:
     if sharded:
         params["shard_size"] = 64
     checks = [{"check": "robustness", "params": params}]
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_before = before.ru_utime + before.ru_stime  # imports and the target's load left out
     suite = SuiteSpec.model_validate({"name": "scale", "seed": 0, "checks": checks})
     with tempfile.TemporaryDirectory() as tmp, RunStore(Path(tmp) / "runs.db") as store:
         start = time.perf_counter()
         result = run_suite(RunConfig(target=target, suite=suite, data=data), store)
         process = time.perf_counter() - start
         (check,) = store.checks(result.run_id)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"samples": samples, "check_wall_s": round(check.wall_seconds, 2),
                       "model_s": round(check.model_seconds, 2), "run_s": round(process, 2),
-                      "peak_rss_mb": round(peak_kb / 1024, 1)}))  # fmt: skip
+                      "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu_before, 2),
+                      "peak_rss_mb": round(_peak_rss_kb() / 1024, 1)}))  # fmt: skip
 
 
 def main() -> None:
@@ -95,13 +110,14 @@ def main() -> None:
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
     base = rows[0]
-    print("\n| samples | check wall s | s / 1k samples | model s | peak RSS MB | RSS vs first |")
-    print("|---|---|---|---|---|---|")
+    print("\n| samples | check wall s | wall s / 1k | run CPU s | CPU s / 1k | model s | peak RSS MB | RSS vs first |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         per_k = 1000 * r["check_wall_s"] / r["samples"]
+        cpu_k = 1000 * r["cpu_s"] / r["samples"]
         rss = r["peak_rss_mb"] / base["peak_rss_mb"] - 1
-        print(f"| {r['samples']} | {r['check_wall_s']} | {per_k:.2f} | {r['model_s']} | {r['peak_rss_mb']} | "
-              f"{rss:+.1%} |")  # fmt: skip
+        print(f"| {r['samples']} | {r['check_wall_s']} | {per_k:.2f} | {r['cpu_s']} | {cpu_k:.2f} | {r['model_s']} | "
+              f"{r['peak_rss_mb']} | {rss:+.1%} |")  # fmt: skip
 
 
 if __name__ == "__main__":
