@@ -115,7 +115,9 @@ def _gallery(n: int) -> Dataset:
 
 
 @pytest.mark.parametrize("task", [TextToImageRetrieval, ImageToTextRetrieval])
-def test_a_gallery_ranked_in_blocks_gives_the_one_matrix_numbers(task: type) -> None:
+def test_a_gallery_ranked_in_blocks_gives_the_one_matrix_numbers(
+    task: type[TextToImageRetrieval] | type[ImageToTextRetrieval],
+) -> None:
     n = 600  # 600 x 600 similarities: three blocks of 200 queries
     data, target = _gallery(n), _RandomTarget(n)
     got = task(batch_size=64).evaluate(target, data)
