@@ -1,12 +1,12 @@
-"""Peak RSS and wall time of the robustness sweep over 100, 1,000 and 5,000 samples.
+"""Peak RSS and wall time of the robustness sweep over 100, 1,000 and 10,000 samples.
 
 The dataset is a JSONL file of 64x64 PNGs on disk (image, label, caption), as a user's would be;
 each size runs in a fresh process, so peak RSS is that run's alone. Flat memory means the peak
-at 5,000 samples stays within 10% of the peak at 100; linear time means seconds per sample stay
+at 10,000 samples stays within 10% of the peak at 100; linear time means seconds per sample stay
 about constant. CPU seconds (the run's, in the child) are given beside wall seconds: on a shared
 machine they say whether time per sample grows with the samples when wall time is load's.
 
-    python benchmarks/sweep_scale.py [--sizes 100 1000 5000] [--target builtin:tiny-clip]
+    python benchmarks/sweep_scale.py [--sizes 100 1000 10000] [--target builtin:tiny-clip]
     python benchmarks/sweep_scale.py --pythonpath /path/to/other/src   # compare another checkout
 """
 
@@ -85,7 +85,7 @@ def one(target: str, data: str, samples: int, sharded: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=int, default=[100, 1000, 5000])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[100, 1000, 10000])
     parser.add_argument("--target", default="builtin:tiny-clip")
     parser.add_argument("--pythonpath", help="run the sweep from this source tree (e.g. an older checkout)")
     parser.add_argument("--one", nargs=2, metavar=("DATA", "SAMPLES"), help=argparse.SUPPRESS)
