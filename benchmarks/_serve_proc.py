@@ -1,7 +1,8 @@
-"""The serve benchmarks' one way to run ``mmchaos serve`` in a child process and read its memory.
+"""The serve benchmarks' one way to run ``mmchaos serve`` (and the peer, ``transformers serve``) in a
+child process and read its memory.
 
-The server runs in its own process so its RSS is its own, not the load driver's; it prints its URL
-on its first stderr line, and stops on SIGINT (killed if it has not within a minute).
+The server runs in its own process so its RSS is its own, not the load driver's; mmchaos serve prints
+its URL on its first stderr line, and stops on SIGINT (killed if it has not within a minute).
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["mmchaos_serve", "rss_mib"]
+__all__ = ["mmchaos_serve", "rss_mib", "transformers_serve"]
 
 
 def rss_mib(pid: int) -> float:
@@ -45,3 +48,51 @@ def mmchaos_serve(target: str, *serve_args: str) -> Iterator[tuple[subprocess.Po
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+TF_SERVE = "from transformers.cli.transformers import main; main()"
+"""``transformers serve`` started through its CLI entry point (the console script may be absent)."""
+
+
+@contextmanager
+def transformers_serve(model_dir: str, *serve_args: str, startup_s: float = 300.0) -> Iterator[str]:
+    """``transformers serve MODEL_DIR`` on a free loopback port, offline on the CPU: yields its base URL.
+
+    The peer server issue 23 names. Its output goes to a log file; a server that exits or is not
+    healthy within ``startup_s`` ends the benchmark with that log's tail."""
+    import tempfile
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    cmd = [sys.executable, "-c", TF_SERVE, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port),
+           "--device", "cpu", "--log-level", "warning", *serve_args]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + startup_s
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise SystemExit(
+                        f"transformers serve {' '.join(serve_args)} did not come up:\n{log.read()[-3000:]}"
+                    )
+                try:
+                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)

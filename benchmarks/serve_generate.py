@@ -12,12 +12,15 @@ requests (each sends its share one after another): completion tokens/s from the 
 the median latency, the answered and refused (429) counts, and TTFT (median time to the first
 content delta) from a second, streamed pass. Only the continuous server batches streams (the
 others stream one request at a time, so their streamed TTFT at concurrency > 1 is that of
-requests waiting for the model in turn). Ratios are against the floor at the same concurrency:
-tokens/s served / floor (>= 1 is as fast), TTFT served / floor (<= 1 is as quick); `batch` is the
-mean requests per model batch the server ran, a prefill's joiners for the continuous one (from its
-/metrics). Both servers run at once and each
-level is measured on the floor and both servers in turn, so load that drifts over the run shifts a
-level's rows alike. (`transformers serve`, which issue 23 also names, is not measured here.)
+requests waiting for the model in turn). The peer: `transformers serve` on the same model
+directory (builtin:tiny-vlm's, or an `hf:` target's), with its default one-request-at-a-time
+generation and with `--continuous-batching` (its paged-attention scheduler); left out with
+`--no-transformers-serve` or where transformers' `serving` extra is not installed. Ratios are
+against the floor at the same concurrency: tokens/s served / floor (>= 1 is as fast), TTFT served /
+floor (<= 1 is as quick); `batch` is the mean requests per model batch the server ran, a prefill's
+joiners for the continuous one (from its /metrics; nan for the peer, which has none). Every server
+runs at once and each level is measured on the floor and every server in turn, so load that drifts
+over the run shifts a level's rows alike.
 
     python benchmarks/serve_generate.py [--target builtin:tiny-vlm] [--requests 48] [--max-new-tokens 16]
 """
@@ -37,7 +40,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _serve_proc import mmchaos_serve
+from _serve_proc import mmchaos_serve, transformers_serve
 
 QUESTION = "What colour is the shape?"
 
@@ -48,7 +51,7 @@ def _images(n: int) -> list[Any]:
     return [s.image for s in make_shapes(n, seed=1).samples[:n]]
 
 
-def _body(image: Any, max_new_tokens: int, stream: bool) -> dict[str, Any]:
+def _body(image: Any, max_new_tokens: int, stream: bool, model: str | None = None) -> dict[str, Any]:
     from PIL import Image
 
     buf = io.BytesIO()
@@ -59,6 +62,8 @@ def _body(image: Any, max_new_tokens: int, stream: bool) -> dict[str, Any]:
                             "temperature": 0}  # fmt: skip
     if stream:
         body["stream"] = True
+    if model is not None:  # transformers serve needs it (mmchaos serve takes its served names only)
+        body["model"] = model
     return body
 
 
@@ -86,11 +91,13 @@ def _floor(target: Any, images: list[Any], concurrency: int, max_new_tokens: int
             "answered": float(len(chats)), "refused": 0.0, "batch": float(concurrency)}  # fmt: skip
 
 
-def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_tokens: int) -> dict[str, float]:
+def _served(
+    url: str, images: list[Any], concurrency: int, rounds: int, max_new_tokens: int, model: str | None = None
+) -> dict[str, float]:
     import httpx
 
-    plain = [_body(img, max_new_tokens, False) for img in images]
-    streamed = [_body(img, max_new_tokens, True) for img in images]
+    plain = [_body(img, max_new_tokens, False, model) for img in images]
+    streamed = [_body(img, max_new_tokens, True, model) for img in images]
 
     def client(k: int, stream: bool) -> list[tuple[int, int, float, float]]:
         """(status, completion tokens, latency, ttft) of this client's requests, one after another."""
@@ -133,15 +140,17 @@ def _served(url: str, images: list[Any], concurrency: int, rounds: int, max_new_
         "ttft": statistics.median(r[3] for r in sok) if sok else float("nan"),
         "answered": float(len(ok)),
         "refused": float(sum(1 for r in rows if r[0] == 429)),
-        "batch": (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else 1.0,
+        "batch": (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else float("nan"),
     }
 
 
 def _batches(url: str) -> tuple[float, float]:
-    """(requests, batches) of chat model batches so far, from the server's /metrics."""
+    """(requests, batches) of chat model batches so far, from the server's /metrics ((0, 0) where it
+    has none: transformers serve)."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=60.0).text
+    resp = httpx.get(f"{url}/metrics", timeout=60.0)
+    text = resp.text if resp.status_code == 200 else ""
     found = {"sum": 0.0, "count": 0.0}
     for line in text.splitlines():
         for part in found:
@@ -150,14 +159,31 @@ def _batches(url: str) -> tuple[float, float]:
     return found["sum"], found["count"]
 
 
-def _warm(url: str, images: list[Any], max_new_tokens: int) -> None:
+def _warm(url: str, images: list[Any], max_new_tokens: int, model: str | None = None) -> None:
     import httpx
 
-    bodies = [_body(img, max_new_tokens, False) for img in images[:4]]
+    bodies = [_body(img, max_new_tokens, False, model) for img in images[:4]]
     with httpx.Client(base_url=url, timeout=600.0) as c:
         c.post("/v1/chat/completions", json=bodies[0])
         with ThreadPoolExecutor(4) as pool:  # batch shapes warmed too
             list(pool.map(lambda b: c.post("/v1/chat/completions", json=b), bodies))
+
+
+def _peer_model_dir(target: str) -> str | None:
+    """The model directory transformers serve can load for ``target`` (None: no peer run)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")):
+        print("transformers serve left out: transformers[serving] is not installed")
+        return None
+    if target == "builtin:tiny-vlm":
+        from mmchaos.targets.builtin import TINY_VLM_DIR
+
+        return str(TINY_VLM_DIR)
+    if target.startswith("hf:") and os.path.isdir(target[3:].split("?")[0]):
+        return target[3:].split("?")[0]
+    print(f"transformers serve left out: {target} is not a model directory it can load")
+    return None
 
 
 def main() -> None:
@@ -168,6 +194,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--serve-args", default="", help="extra flags for both batching servers")
     ap.add_argument("--no-unbatched", action="store_true", help="leave out the --no-batching server")
+    ap.add_argument("--no-transformers-serve", action="store_true", help="leave out the transformers serve peer")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -183,18 +210,24 @@ def main() -> None:
     ]
     if not args.no_unbatched:
         servers.append(("serve, --no-batching", ("--no-batching",)))
+    peer = None if args.no_transformers_serve else _peer_model_dir(args.target)
     target = load_target(args.target)
     target.generate_batch([[Message("user", (images[0], QUESTION))]] * 2)  # warm-up
     with contextlib.ExitStack() as stack:
         # Every server up at once, and each level measured on all of them in turn (the floor
         # first): a machine whose load drifts over the run shifts every row of a level alike.
-        urls = {name: stack.enter_context(mmchaos_serve(args.target, *flags))[1] for name, flags in servers}
-        for url in urls.values():
-            _warm(url, images, args.max_new_tokens)
+        urls: dict[str, tuple[str, str | None]] = {
+            name: (stack.enter_context(mmchaos_serve(args.target, *flags))[1], None) for name, flags in servers
+        }
+        if peer is not None:
+            for name, flags in (("transformers serve", ()), ("transformers serve, CB", ("--continuous-batching",))):
+                urls[name] = (stack.enter_context(transformers_serve(peer, *flags)), peer)
+        for url, model in urls.values():
+            _warm(url, images, args.max_new_tokens, model)
         for c in levels:
             results[("floor: batched generate", c)] = _floor(target, images, c, args.max_new_tokens)
-            for name, url in urls.items():
-                results[(name, c)] = _served(url, images, c, args.requests // c, args.max_new_tokens)
+            for name, (url, model) in urls.items():
+                results[(name, c)] = _served(url, images, c, args.requests // c, args.max_new_tokens, model)
     target.close()
 
     print(f"{args.target}, max_new_tokens={args.max_new_tokens}, {args.requests} requests per level, greedy")
