@@ -30,7 +30,7 @@ from tests.fakes.chat_vlm_server import ChatServerConfig, chat_vlm_server
 from tests.paths import REPO
 from tests.support import run_check_class
 from tests.support.served import mmchaos_serve
-from tests.support.serving import FAST
+from tests.support.serving import FAST, ROOMY
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +43,6 @@ FAST_BREAKER = {"failure_rate_threshold": 50, "sliding_window_size": 20, "minimu
                 "wait_duration_in_open_state": 1.0, "permitted_number_of_calls_in_half_open_state": 3}  # fmt: skip
 RESILIENCE: dict[str, Any] = {**FAST, "failure_s": 0.6, "retry_calls": 6, "max_recovery_s": 4.0,
                               "server": {"breaker": FAST_BREAKER}}  # fmt: skip
-ROOMY = {"slo": {**FAST["slo"], "p99_ms": 5000}}
-"""For the tiny VLM: a p99 objective its answers meet on any busy machine (no verdict here is a timing
-test; the faults in these runs are all expected to take the service out of its SLO)."""
 
 
 def run(check: Any, target: Target, params: dict[str, Any]) -> list[Finding]:

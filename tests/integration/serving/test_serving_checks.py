@@ -25,7 +25,7 @@ from mmchaos.findings import Finding, Verdict
 from mmchaos.targets.base import Target
 from tests.fakes.targets import HashEmbedTarget
 from tests.support import run_check_class
-from tests.support.serving import FAST
+from tests.support.serving import FAST, ROOMY
 
 pytestmark = pytest.mark.integration
 
@@ -181,6 +181,9 @@ def test_an_experiment_builds_one_tls_context_however_many_load_phases(monkeypat
 @pytest.mark.check_contract("serving_poison", "clean")
 @pytest.mark.check_contract("serving_resilience", "clean")
 def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
+    """The four serving experiments and two step-7 checks in one run of a correct service all pass and
+    tear down. The SLO is ROOMY: each check's failing side is a broken target further down, and with
+    FAST's 1 s p99 a CI run failed `latency/moderate` on one stalled request out of ~12."""
     from mmchaos.runner import RunConfig, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import SuiteSpec, load_suite
@@ -200,13 +203,14 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
             "checks": [
                 {
                     "check": "serving_faults",
-                    "params": {**FAST, "faults": ["latency", "reset_peer", "http_503"], "fault_s": 0.4},
+                    "params": {**FAST, **ROOMY, "faults": ["latency", "reset_peer", "http_503"], "fault_s": 0.4},
                 },
-                {"check": "serving_poison", "params": {**FAST, "poison_s": 1.2, "huge_side": 1024}},
+                {"check": "serving_poison", "params": {**FAST, **ROOMY, "poison_s": 1.2, "huge_side": 1024}},
                 {
                     "check": "serving_overload",
                     "params": {
                         **FAST,
+                        **ROOMY,
                         "concurrency_steps": [1, 4],
                         "step_s": 0.5,
                         "budget": {**FAST["budget"], "max_rate": 1000},
@@ -216,6 +220,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
                     "check": "serving_resilience",
                     "params": {
                         **FAST,
+                        **ROOMY,
                         "failure_s": 0.6,
                         "retry_calls": 6,
                         "max_recovery_s": 3.0,
@@ -260,7 +265,7 @@ def test_the_serving_suite_end_to_end_on_loopback(tmp_path: Path) -> None:
         assert {"type", "name"} <= set(journal["run"][0]["activity"]) and journal["rollbacks"]
     faults = [f for f in result.findings if f.check == "serving_faults" and "fault" in f.evidence]
     assert len(faults) == 6 and all(f.metrics["recovery_s"] >= 0 for f in faults)
-    assert wall < 90, f"the small serving suite took {wall:.0f} s"
+    assert wall < 300, f"the small serving suite took {wall:.0f} s: something waited on a timeout"
 
 
 # --- each check fails a broken deployment -------------------------------------------------------------
