@@ -35,7 +35,7 @@ def load_image_file(path: Path) -> ImageArray:
         raise DataError(f"cannot read image {path}: {exc.message}", code="data_unreadable_image") from exc
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     """One item of a dataset; ``text`` is an OCR transcription, ``caption`` a description,
     ``question``/``answer`` a visual question about the image and its short reference answer."""

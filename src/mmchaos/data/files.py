@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def _row_to_sample(row: dict[str, Any], base: Path, where: str, index: int) -> S
         id=str(row.get("id") or f"{index}"),
         image_path=path,
         caption=values["caption"],
-        label=values["label"],
+        label=None if values["label"] is None else sys.intern(values["label"]),  # a few classes, many rows
         text=values["text"],
         question=values["question"],
         answer=values["answer"],

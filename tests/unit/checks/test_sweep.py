@@ -191,3 +191,69 @@ def test_corpus_cer_of_shards_is_the_corpus_cer_of_the_set_not_a_mean_of_shards(
     combined = OCRTask().combine(data, parts)
     assert combined.metric == corpus_cer(preds, refs) > 0
     assert combined.outputs == preds and len(combined.per_sample) == 12
+
+
+def _worst_evidence(findings: list[Finding]) -> list[Any]:
+    """Every worst case the sweep reported: per perturbation (params only) and the summary's."""
+    per = [f.evidence["worst_samples"] for f in findings if "worst_samples" in f.evidence]
+    summary = [f.evidence.get("worst_cases") for f in findings if "worst_cases" in f.evidence]
+    return [json.loads(json.dumps(x, default=str)) for x in per + summary]
+
+
+TRIM = {"perturbations": ["gaussian_noise", "keyboard_typo", "missing_modality"], "severities": [1, 3],
+        "worst_cases": 3, "worst_per_perturbation": 2}  # fmt: skip
+
+
+def test_the_driver_keeps_drawn_parameters_only_for_the_shards_largest_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A perturbation's shard results wait on the driver until all have arrived; their drawn parameters
+    (a noise seed, a caption's typo edits) were 200-480 bytes a sample, ~9 MB for one text perturbation
+    at 10,000 samples. Only the worst cases need them: each shard keeps those of its own largest
+    drops, at most ``max(worst_cases, worst_per_perturbation)``."""
+    from mmchaos.checks.robustness import robustness as module
+
+    held: dict[str, list[int]] = {}
+    real = module.Robustness._sweep
+
+    def spy(self: Any, ctx: Any, sweep: Any, pert: Any, task: Any, clean: Any, arrived: list[Any]) -> Any:
+        held[pert.name] = [sum(prm is not None for prm in r.params) for r in arrived]
+        return real(self, ctx, sweep, pert, task, clean, arrived)
+
+    monkeypatch.setattr(module.Robustness, "_sweep", spy)
+    _run(fakes.HashEmbedTarget(), make_shapes(96, seed=5), samples=96, shard_size=16, **TRIM)
+    assert set(held) == {"gaussian_noise", "keyboard_typo", "missing_modality"}
+    for name, kept in held.items():
+        assert len(kept) == 12 and max(kept) <= 3, f"{name}: {kept} parameters held per 16-sample shard"
+
+
+def test_parameters_kept_per_shard_give_the_worst_cases_that_all_parameters_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The global worst cases are among each shard's own largest drops (larger drop first, then lower
+    position, in both), so forgetting the others changes no reported case: the sweep with every
+    parameter held reports the same worst cases, bit for bit."""
+    from mmchaos.checks.robustness.sweep import ShardResult
+
+    data = make_shapes(96, seed=5)
+    trimmed = _worst_evidence(_run(fakes.HashEmbedTarget(), data, samples=96, shard_size=16, **TRIM))
+    monkeypatch.setattr(ShardResult, "keep_params_of_largest_drops", lambda self, clean, keep_n: None)
+    whole = _worst_evidence(_run(fakes.HashEmbedTarget(), data, samples=96, shard_size=16, **TRIM))
+    assert trimmed == whole and any(trimmed), "the same worst cases, and there are some"
+
+
+def test_a_shard_keeps_the_parameters_of_its_largest_drops_ties_by_position() -> None:
+    from mmchaos.checks.robustness.sweep import ShardResult
+    from mmchaos.tasks.base import TaskResult
+
+    clean = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    scores = np.array([0.0, 1.0, 0.5, 0.0, 0.0, 1.0 + 1e-12])  # drops 1, 0, .5, 1, 0, ~0
+    r = ShardResult(TaskResult(0.0, scores), [{"k": i} for i in range(6)])
+    r.keep_params_of_largest_drops(clean, 2)
+    assert r.params == [{"k": 0}, None, None, {"k": 3}, None, None], "the two drops of 1, by position"
+    r = ShardResult(TaskResult(0.0, scores), [{"k": i} for i in range(6)])
+    r.keep_params_of_largest_drops(clean, 0)
+    assert r.params == [None] * 6
+    r = ShardResult(TaskResult(0.0, clean.copy()), [{"k": i} for i in range(6)])
+    r.keep_params_of_largest_drops(clean, 5)
+    assert r.params == [None] * 6, "no sample dropped: none is a worst case"

@@ -208,20 +208,29 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
             results = ctx.map_units(run_unit, sweep.plan, units, keys=[u.key for u in units], encode=encode,
                                     decode=decode)  # fmt: skip
 
-            def take(n: int) -> list[Any]:
-                out = [next(results) for _ in range(n)]
+            def take(n: int, clean_of: TaskResult | None = None, units: list[Unit] | None = None) -> list[Any]:
+                out = []
+                for k in range(n):
+                    r = next(results)
+                    if clean_of is not None and units is not None and isinstance(r, ShardResult):
+                        u = units[k]  # only the worst cases' parameters stay on the driver
+                        r.keep_params_of_largest_drops(clean_of.per_sample[u.start : u.stop], keep_n)
+                    out.append(r)
                 bar.advance(n)
                 return out
 
-            def arrive(n: int) -> tuple[list[Any], list[str]]:
+            def arrive(
+                n: int, clean_of: TaskResult | None = None, units: list[Unit] | None = None
+            ) -> tuple[list[Any], list[str]]:
                 """n results, and the errors of those that failed on every try (counted)."""
-                parts = take(n)
+                parts = take(n, clean_of, units)
                 errors = [e for r in parts if isinstance(r, UnitFailure) for e in r.errors[-1:]]
                 units_failed[0] += len(errors)
                 retried.extend(e for r in parts if not isinstance(r, UnitFailure) for e in r.retried)
                 return parts, errors
 
             units_failed = [0]
+            keep_n = max(p.worst_cases, p.worst_per_perturbation)
             clean: dict[str, tuple[Task, TaskResult]] = {}
             clean_failed: dict[str, list[str]] = {}
             for name in clean_tasks:
@@ -239,7 +248,8 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
                     stopped = True
                     failed.setdefault(job.pert.name, [])
                     continue
-                parts, errors = arrive(len(job.units))
+                baseline = clean.get(job.task) if job.task is not None else None
+                parts, errors = arrive(len(job.units), baseline[1] if baseline else None, job.units)
                 if job.task in clean_failed:
                     errors = [f"the clean baseline ({job.task}): {e}" for e in clean_failed[job.task]] + errors
                 if errors:
@@ -730,7 +740,7 @@ def _collect(
     severity: int,
     clean: TaskResult,
     result: TaskResult,
-    params: list[dict[str, Any]],
+    params: list[dict[str, Any] | None],
 ) -> None:
     """Offer this severity's largest drops (at most ``keep_n``) to the per-sample best cases."""
     drop = clean.per_sample - result.per_sample
@@ -740,6 +750,8 @@ def _collect(
         i = int(found)
         if i in best and best[i].drop >= drop[i]:
             continue
+        drawn = params[i]
+        assert drawn is not None, "a shard dropped the parameters of one of its largest drops"
         extra: dict[str, Any] = {}
         if clean.outputs:
             extra["clean_output"] = clean.outputs[i]
@@ -747,7 +759,7 @@ def _collect(
             extra["perturbed_output"] = result.outputs[i]
         best[i] = _Case(
             float(drop[i]), pert.name, pert.group, severity, i, float(clean.per_sample[i]),
-            float(result.per_sample[i]), params[i], extra,
+            float(result.per_sample[i]), drawn, extra,
         )  # fmt: skip
 
 

@@ -98,12 +98,30 @@ class ShardResult:
     """A task's result on one shard, and what the perturbation drew for each of its samples."""
 
     result: TaskResult
-    params: list[dict[str, Any]] = field(default_factory=list)
+    params: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per sample, what the perturbation drew; ``None`` once the driver knows it is not a worst case."""
     hit: list[bool] = field(default_factory=list)
     constraint: dict[str, Any] | None = None
     """The meaning-kept constraint as the worker applied it (or why it was skipped)."""
     retried: list[str] = field(default_factory=list)
     """The endpoint's transient failures this unit was run again after (empty: none)."""
+
+    def keep_params_of_largest_drops(self, clean: npt.NDArray[np.float64], keep_n: int) -> None:
+        """Forget what the perturbation drew for every sample that cannot be among its severity's
+        ``keep_n`` largest drops (``None`` in its place).
+
+        The driver holds a whole perturbation's shard results before it combines them, and the
+        drawn parameters are most of their size (200-480 bytes a sample: noise seeds, typo edits):
+        at 10,000 samples and two severities, ~9 MB for one text perturbation. Only the worst
+        cases need them, and a sample among the ``keep_n`` largest drops of the whole sweep is
+        among the ``keep_n`` largest of its own shard (the order is the same: larger drop first,
+        then lower position), so what is kept here is a superset of what is asked for later.
+        ``clean`` is the clean per-sample score of this shard's rows.
+        """
+        drop = clean - self.result.per_sample
+        hurt = np.flatnonzero(drop > 1e-9)
+        keep = set(hurt[np.lexsort((hurt, -drop[hurt]))][:keep_n].tolist())
+        self.params = [prm if i in keep else None for i, prm in enumerate(self.params)]
 
 
 @dataclass
