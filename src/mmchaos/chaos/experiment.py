@@ -369,6 +369,9 @@ class Experiment:
             max_duration=seconds,
             request_timeout=p.request_timeout_s,
             slo_latency_ms=self.slo.p99_ms,
+            # A request still unanswered this long after the phase has missed the SLO whatever comes
+            # (and past its own timeout, it has failed).
+            drain_s=min(self.slo.p99_ms / 1000.0, p.request_timeout_s),
             allow_remote=not p.budget.loopback_only,
             seed=self.seed + self._phase_no,
             resend_stale=self.resend_stale,

@@ -4,9 +4,9 @@
                         max_requests=500, max_duration=10, slo_latency_ms=300)
     result = await LoadDriver(config, embeddings_mix(dataset)).run()
 
-Every run is bounded twice: it never sends more than ``max_requests`` requests and never runs
-longer than ``max_duration`` seconds (requests still in flight at the deadline are cancelled and
-counted as ``cancelled``). It refuses any target that does not resolve to loopback unless
+Every run is bounded twice: it never sends more than ``max_requests`` requests and starts none
+after ``max_duration`` seconds (requests still in flight at the deadline get ``drain_s`` more to
+finish, then are cancelled and counted as ``cancelled``). It refuses any target that does not resolve to loopback unless
 ``allow_remote`` is set. Error kinds: ``http_4xx``, ``http_5xx`` (and ``http_3xx``), ``timeout``,
 ``connect_error``, ``reset``, ``protocol_error`` (the server closed early or sent broken HTTP,
 e.g. a truncated body), ``bad_body`` (a 2xx whose body failed validation), ``client_shed``
@@ -68,6 +68,10 @@ ERROR_KINDS = (
 )
 
 
+_CANCEL_FIRST_S = 1.0
+"""How long past the end of its drain a request's own timeout falls (the drain's cancel comes first)."""
+
+
 class LoadConfig(BaseModel):
     """How much load, of what shape, against what; both bounds are required."""
 
@@ -83,6 +87,13 @@ class LoadConfig(BaseModel):
     request_timeout: float = Field(default=10.0, gt=0, description="seconds, per request")
     max_in_flight: int = Field(default=256, ge=1, le=100_000, description="open loop: arrivals beyond are shed")
     slo_latency_ms: float = Field(default=1000.0, gt=0, description="a good request succeeds within this")
+    drain_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=86_400,
+        description="closed loop: at the deadline, requests in flight get this long to finish before they are "
+        "cancelled (an abort cancels them at once)",
+    )
     allow_remote: bool = False
     seed: int = 0
     resend_stale: bool = Field(
@@ -370,6 +381,7 @@ class LoadDriver:
         self._abort_event: asyncio.Event | None = None
         self._t0 = 0.0
         self._deadline = 0.0
+        self._request_end = 0.0
         self._records: list[RequestRecord] = []
         self._cancelled = 0
         self._sent = 0
@@ -420,6 +432,11 @@ class LoadDriver:
         assert abort is not None
         self._t0 = loop.time()
         self._deadline = self._t0 + cfg.max_duration
+        # A request's own timeout is bounded by the run's end. With a drain, that end lies past the
+        # drain's, so a request still in flight when the drain runs out is cancelled (unanswered), not
+        # timed out in the same instant: one outcome for it however the race falls. (Bounded by the
+        # deadline itself, a request in flight there timed out as an error before any drain.)
+        self._request_end = self._deadline + (cfg.drain_s + _CANCEL_FIRST_S if cfg.drain_s else 0.0)
         self._records, self._cancelled, self._sent, self._resent = [], 0, 0, 0
         rng = random.Random(f"{cfg.seed}:payload")
         tasks: list[asyncio.Task[None]] = []
@@ -438,12 +455,28 @@ class LoadDriver:
                     break
                 pending = [t for t in tasks if not t.done()]
                 await asyncio.wait([*pending, abort_wait], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            await self._drain(tasks, abort, abort_wait, loop.time() + cfg.drain_s)
         finally:
             live = [t for t in tasks if not t.done()]
             for t in [abort_wait, *live]:
                 t.cancel()  # the deadline or an abort: requests in flight are cancelled
             await asyncio.wait([abort_wait, *live], timeout=5.0)
         return self._result(loop.time() - self._t0)
+
+    @staticmethod
+    async def _drain(
+        tasks: list[asyncio.Task[None]], abort: asyncio.Event, abort_wait: asyncio.Task[Any], until: float
+    ) -> None:
+        """Let the requests in flight at the deadline finish until ``until`` (the workers start no new
+        one past the deadline). Cancelled at the deadline, a phase counted only the requests faster
+        than what was left of it: the slowest were never seen, and on a machine that stalled for the
+        last moments of a short phase nothing was (a correct service failed a 0.4 s fault phase)."""
+        loop = asyncio.get_running_loop()
+        while not abort.is_set() and (pending := [t for t in tasks if not t.done()]):
+            remaining = until - loop.time()
+            if remaining <= 0:
+                return
+            await asyncio.wait([*pending, abort_wait], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
     async def _worker(
         self, client: httpx.AsyncClient, counter: Iterator[int], rng: random.Random, abort: asyncio.Event
@@ -496,7 +529,7 @@ class LoadDriver:
         cfg = self.config
         loop = asyncio.get_running_loop()
         start = loop.time()
-        timeout = min(cfg.request_timeout, max(0.001, self._deadline - start))
+        timeout = min(cfg.request_timeout, max(0.001, self._request_end - start))
         status: int | None = None
         error: str | None = None
         self._sent += 1
@@ -508,7 +541,7 @@ class LoadDriver:
             for attempt in range(tries):
                 wire = WireTrace()
                 if attempt:
-                    timeout = min(cfg.request_timeout, max(0.001, self._deadline - loop.time()))
+                    timeout = min(cfg.request_timeout, max(0.001, self._request_end - loop.time()))
                 try:
                     response = await self._send(client, req, timeout, wire)
                     break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import socket
@@ -248,6 +249,51 @@ def test_closed_loop_stops_at_the_wall_time_and_cancels_in_flight() -> None:
     assert r.cancelled <= 3 and r.sent == r.completed + r.cancelled
 
 
+def test_requests_in_flight_at_the_deadline_get_the_drain_to_finish() -> None:
+    """A 0.2 s closed-loop phase of 500 ms requests: cancelled at its deadline it measured nothing
+    (how a correct service failed a 0.4 s fault phase on a stalled CI machine); with a 3 s drain both
+    requests finish and count, and the workers start no new one past the deadline. A drain shorter
+    than the requests still cancels them."""
+
+    async def go(url: str, echo: EchoHTTPServer) -> LoadResult:
+        results = {}
+        for drain in (0.0, 3.0, 0.05):
+            cfg = {"base_url": url, "concurrency": 2, "max_requests": 100, "max_duration": 0.2, "drain_s": drain}
+            results[drain] = await LoadDriver(cfg, get("/delay/500")).run()
+        cut, drained, short = results[0.0], results[3.0], results[0.05]
+        # Cut at the deadline, a request is cancelled or times out there (a race): never measured.
+        assert (cut.sent, cut.ok) == (2, 0), "no drain: nothing measured"
+        assert (drained.sent, drained.ok, drained.cancelled) == (2, 2, 0), "drained: both answers count"
+        assert drained.latency.count == 2 and drained.latency.max_ms >= 500  # type: ignore[operator]
+        assert (short.sent, short.ok) == (2, 0), "a drain shorter than the requests cuts them too"
+        return drained
+
+    with_echo(go)
+
+
+def test_a_request_unanswered_when_the_drain_runs_out_counts_against_the_p99() -> None:
+    """Dozens of fast answers and one request that takes 3 s, with a 1 s p99 bound and a 1 s drain:
+    the slow one is never measured (cancelled when the drain runs out, never timed out in the same
+    instant), and the phase is outside the SLO though every latency it measured is within it."""
+    from mmchaos.chaos.spec import SLOSpec
+    from mmchaos.chaos.windows import Phase
+
+    calls = itertools.count()
+    mix = PayloadMix([lambda rng: LoadRequest("j", "/delay/3000" if next(calls) == 0 else "/delay/5", "GET")])
+
+    async def go(url: str, echo: EchoHTTPServer) -> LoadResult:
+        cfg = {"base_url": url, "concurrency": 2, "max_requests": 200, "max_duration": 0.5, "drain_s": 1.0}
+        return await LoadDriver(cfg, mix).run()
+
+    r = with_echo(go)
+    assert r.ok >= 3 and r.cancelled == 1 and r.errors == {}, (r.ok, r.cancelled, r.errors)
+    slo = SLOSpec(min_success_rate=0.9, p99_ms=1000.0)
+    assert r.latency.p99_ms is not None and r.latency.p99_ms <= 1000, "what was measured is within the bound"
+    phase = Phase("p", True, r, [], {}, 0.0, 0.5)
+    assert phase.unanswered == 1 and not phase.met(slo)
+    assert Phase("p", True, r, [], {}, 0.0, 0.5, stop_reason="stopped early").unanswered == 0
+
+
 def test_open_loop_constant_rate_is_honoured() -> None:
     async def go(url: str, echo: EchoHTTPServer) -> LoadResult:
         cfg = {"base_url": url, "mode": "open", "rate": 40, "max_requests": 10_000, "max_duration": 1.0}
@@ -346,7 +392,9 @@ def test_proxy_faults_show_up_as_error_kinds() -> None:
                     "concurrency": 2,
                     "max_requests": 4,
                     "max_duration": 3,
-                    "request_timeout": 0.3,
+                    # Only the timeout fault waits out its client: a busy machine took the others past
+                    # a 0.3 s timeout (2 of 4 corrupted answers counted as timeouts on CI).
+                    "request_timeout": 0.3 if name == "timeout" else 10.0,
                 }
                 mix = PayloadMix(
                     [lambda rng: LoadRequest("j", "/json", "GET", validate=lambda r: json.loads(r.content))]

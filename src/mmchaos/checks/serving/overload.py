@@ -89,8 +89,9 @@ def _answer_rate(result: LoadResult) -> float:
 
 
 def drain_allowance(steps: list[LoadResult], max_recovery_s: float, request_timeout_s: float) -> Drain:
-    """The drain of the last step's backlog (its requests cut off in flight) at the rate that step
-    answered (the lowest rate of the ramp when it had too few good answers to measure one).
+    """The drain of the last step's backlog (its requests still in flight when the step's own drain,
+    the SLO's p99 bound, ran out: cancelled, though the service still works on them) at the rate
+    that step answered (the lowest rate of the ramp when it had too few good answers to measure one).
 
     At most twice the longer of ``max_recovery_s`` and the request timeout: a backlog that takes
     longer than that to clear is a recovery problem of its own (and the phase stays bounded)."""
