@@ -78,20 +78,25 @@ def assert_torn_down(f: Finding) -> dict[str, Any]:
 
 
 class DegradingTarget(HashEmbedTarget):
-    """Correct until ``degrade`` is set; then every model call takes 0.4 s (a GC storm, a thermal cliff)."""
+    """Correct, ``seconds`` a model call, until ``degrade`` is set; then every call takes ``degraded_s``
+    (a GC storm, a thermal cliff)."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float = 0.0, degraded_s: float = 0.4) -> None:
         super().__init__()
+        self.seconds, self.degraded_s = seconds, degraded_s
         self.degrade = threading.Event()
 
+    def _wait(self) -> None:
+        wait = self.degraded_s if self.degrade.is_set() else self.seconds
+        if wait:
+            time.sleep(wait)
+
     def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        if self.degrade.is_set():
-            time.sleep(0.4)
+        self._wait()
         return super().embed_images(images)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        if self.degrade.is_set():
-            time.sleep(0.4)
+        self._wait()
         return super().embed_texts(texts)
 
 
@@ -339,27 +344,7 @@ def test_a_service_that_degrades_mid_run_is_aborted_with_every_fault_removed(mon
     assert took < 20 and journal["budget"]["sent"] < 1000
 
 
-class SlowerWhenDegraded(HashEmbedTarget):
-    """Correct, ``seconds`` a model call, ``degraded_s`` once ``degrade`` is set."""
-
-    def __init__(self, seconds: float, degraded_s: float) -> None:
-        super().__init__()
-        self.seconds, self.degraded_s = seconds, degraded_s
-        self.degrade = threading.Event()
-
-    def _wait(self) -> None:
-        time.sleep(self.degraded_s if self.degrade.is_set() else self.seconds)
-
-    def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        self._wait()
-        return super().embed_images(images)
-
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        self._wait()
-        return super().embed_texts(texts)
-
-
-def _latency_fault_on(target: SlowerWhenDegraded, monkeypatch: pytest.MonkeyPatch) -> Finding:
+def _latency_fault_on(target: DegradingTarget, monkeypatch: pytest.MonkeyPatch) -> Finding:
     add, clear = Deployment.add_toxic, Deployment.clear_toxics
 
     def add_and_degrade(self: Deployment, toxic: Any) -> str:
@@ -388,7 +373,7 @@ def test_a_fault_phase_shorter_than_a_request_is_judged_on_its_answers_not_cut_o
     timed out there as an error or was cancelled unmeasured, and the correct service failed
     ``latency/moderate`` (how CI failed the serving suite when its machine stalled). The phase now
     lets it finish, up to the p99 bound."""
-    fault = _latency_fault_on(SlowerWhenDegraded(0.05, 0.6), monkeypatch)
+    fault = _latency_fault_on(DegradingTarget(0.05, 0.6), monkeypatch)
     assert fault.verdict == Verdict.PASS, fault.title
     during = fault.evidence["during"]
     assert during["ok"] >= 1 and during["unanswered_past_p99"] == 0 and during["errors"] == {}
@@ -402,7 +387,7 @@ def test_a_request_past_the_p99_bound_fails_the_phase_though_no_latency_of_it_wa
     """The same phase when the fault makes each request take 2.6 s: none answers within the 2 s bound
     (the phase's 0.4 s and the drain's 2 s), so none has a latency among the measured ones; the phase
     is outside the SLO all the same."""
-    fault = _latency_fault_on(SlowerWhenDegraded(0.05, 2.6), monkeypatch)
+    fault = _latency_fault_on(DegradingTarget(0.05, 2.6), monkeypatch)
     assert fault.verdict == Verdict.FAIL and "outside the SLO" in fault.title, fault.title
     during = fault.evidence["during"]
     assert during["ok"] == 0 and during["slo_met"] is False
