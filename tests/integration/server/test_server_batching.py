@@ -127,14 +127,6 @@ def _sequential(target: Target, path: str, bodies: list[dict[str, Any]]) -> list
 
 
 @pytest.fixture(scope="module")
-def vlm() -> Iterator[GatedTarget]:
-    pytest.importorskip("transformers")
-    target = load_target("builtin:tiny-vlm")
-    yield GatedTarget(target)
-    target.close()
-
-
-@pytest.fixture(scope="module")
 def clip() -> Iterator[GatedTarget]:
     pytest.importorskip("transformers")
     target = load_target("builtin:tiny-clip")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -22,7 +22,6 @@ import pytest
 
 from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.server.continuous import ContinuousEngine, sample_token, top_p_filter
-from mmchaos.targets import load_target
 from mmchaos.targets.base import Target
 from mmchaos.targets.generation import GenerationParams
 from mmchaos.targets.wrappers import DelegatingTarget
@@ -35,14 +34,6 @@ pytestmark = pytest.mark.integration
 R = TypeVar("R")
 PATH = "/v1/chat/completions"
 CONTINUOUS = ServerConfig(model_name="m", max_concurrency=8)
-
-
-@pytest.fixture(scope="module")
-def vlm() -> Iterator[GatedTarget]:
-    pytest.importorskip("transformers")
-    target = load_target("builtin:tiny-vlm")
-    yield GatedTarget(target)
-    target.close()
 
 
 def _alone(target: Target, bodies: Sequence[dict[str, Any]]) -> list[Any]:
