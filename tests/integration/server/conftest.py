@@ -1,4 +1,4 @@
-"""What the server's batching tests share: builtin:tiny-vlm behind a gate, one per test module."""
+"""What the server's batching tests share: built-in models behind a gate, one per test module."""
 
 from __future__ import annotations
 
@@ -10,10 +10,20 @@ from mmchaos.targets import load_target
 from tests.fakes.server_targets import GatedTarget
 
 
+def _gated(name: str) -> Iterator[GatedTarget]:
+    pytest.importorskip("transformers")
+    target = load_target(name)
+    yield GatedTarget(target)
+    target.close()
+
+
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[GatedTarget]:
     """builtin:tiny-vlm whose model calls a test can hold and let through one by one."""
-    pytest.importorskip("transformers")
-    target = load_target("builtin:tiny-vlm")
-    yield GatedTarget(target)
-    target.close()
+    yield from _gated("builtin:tiny-vlm")
+
+
+@pytest.fixture(scope="module")
+def clip() -> Iterator[GatedTarget]:
+    """builtin:tiny-clip, gated the same way."""
+    yield from _gated("builtin:tiny-clip")

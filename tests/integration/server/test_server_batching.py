@@ -15,7 +15,7 @@ import io
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,7 +26,6 @@ from PIL import Image
 
 from mmchaos.server import ServerConfig, ServerThread
 from mmchaos.server.admission import Admission
-from mmchaos.targets import load_target
 from mmchaos.targets.base import Target
 from tests.fakes.server_targets import GatedTarget
 
@@ -124,14 +123,6 @@ def _sequential(target: Target, path: str, bodies: list[dict[str, Any]]) -> list
     with ServerThread(target, ServerConfig(model_name="m", batching=False)) as srv:
         post = _post(srv.url, path)
         return [_answer(path, post(b)) for b in bodies]
-
-
-@pytest.fixture(scope="module")
-def clip() -> Iterator[GatedTarget]:
-    pytest.importorskip("transformers")
-    target = load_target("builtin:tiny-clip")
-    yield GatedTarget(target)
-    target.close()
 
 
 @pytest.fixture(scope="module")
