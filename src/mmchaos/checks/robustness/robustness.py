@@ -33,6 +33,7 @@ from mmchaos.checks.robustness.sweep import (
     clean_inputs,
     decode,
     encode,
+    largest_drops,
     run_unit,
     texts_of,
 )
@@ -744,9 +745,7 @@ def _collect(
 ) -> None:
     """Offer this severity's largest drops (at most ``keep_n``) to the per-sample best cases."""
     drop = clean.per_sample - result.per_sample
-    hurt = np.flatnonzero(drop > 1e-9)
-    order = hurt[np.lexsort((hurt, -drop[hurt]))][:keep_n]
-    for found in order:
+    for found in largest_drops(drop, keep_n):
         i = int(found)
         if i in best and best[i].drop >= drop[i]:
             continue

@@ -93,6 +93,13 @@ class Unit:
         return f"{self.kind}/{what}/{self.start}-{self.stop}"
 
 
+def largest_drops(drop: npt.NDArray[np.float64], keep_n: int) -> npt.NDArray[np.intp]:
+    """Positions of the ``keep_n`` largest positive drops: larger drop first, then lower position.
+    One order for the sweep's worst cases and for what each shard keeps of them."""
+    hurt = np.flatnonzero(drop > 1e-9)
+    return hurt[np.lexsort((hurt, -drop[hurt]))][:keep_n]
+
+
 @dataclass
 class ShardResult:
     """A task's result on one shard, and what the perturbation drew for each of its samples."""
@@ -118,9 +125,7 @@ class ShardResult:
         then lower position), so what is kept here is a superset of what is asked for later.
         ``clean`` is the clean per-sample score of this shard's rows.
         """
-        drop = clean - self.result.per_sample
-        hurt = np.flatnonzero(drop > 1e-9)
-        keep = set(hurt[np.lexsort((hurt, -drop[hurt]))][:keep_n].tolist())
+        keep = set(largest_drops(clean - self.result.per_sample, keep_n).tolist())
         self.params = [prm if i in keep else None for i, prm in enumerate(self.params)]
 
 
