@@ -17,7 +17,8 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
 - ``dies_on_disconnect``: a stream whose client leaves kills the engine (as vLLM's engine died on an
   abort race, ``AsyncEngineDeadError``): every later request is answered 500, and it never comes back;
 - ``stale_after_left=N``: streams whose client left are never freed from its cache; from the N-th
-  on, every request is answered about the image of the last one left (its block reused), fast and
+  on, every request is answered about the image of the last one left with an image (its
+  block reused), fast and
   with 200, so only answers checked against the truth show it (vLLM's aborted requests once
   corrupted its prefix cache this way);
 - ``drop_every=N``: every N-th stream stops after its first delta, and the server closes the
@@ -218,7 +219,8 @@ class _Handler(JSONHandler):
         except OSError:  # the client left mid-stream
             with self.server.lock:
                 config.left += 1
-                if config.stale_after_left and config.left >= config.stale_after_left:
+                # a text-only stream holds no image block: the one reused stays the last image left
+                if config.stale_after_left and config.left >= config.stale_after_left and self.image is not None:
                     self.server.stale = self.image
             if config.dies_on_disconnect:
                 config.dead = True
