@@ -17,10 +17,9 @@ The bugs, one per :class:`ChatServerConfig` field, each what a real serving stac
 - ``dies_on_disconnect``: a stream whose client leaves kills the engine (as vLLM's engine died on an
   abort race, ``AsyncEngineDeadError``): every later request is answered 500, and it never comes back;
 - ``stale_after_left=N``: streams whose client left are never freed from its cache; from the N-th
-  on, every request is answered about the image of the last one left with an image (its
-  block reused), fast and
-  with 200, so only answers checked against the truth show it (vLLM's aborted requests once
-  corrupted its prefix cache this way);
+  on, every request is answered about the image of the last one left with an image (its block
+  reused), fast and with 200, so only answers checked against the truth show it (vLLM's aborted
+  requests once corrupted its prefix cache this way);
 - ``drop_every=N``: every N-th stream stops after its first delta, and the server closes the
   connection cleanly, with no ``finish_reason`` and no ``[DONE]`` (a worker dying mid-generation
   behind a server that does not say so): only a client that checks how a stream ends can tell.
