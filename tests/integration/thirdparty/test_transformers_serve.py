@@ -3,9 +3,13 @@ server, FastAPI on uvicorn) on builtin:tiny-vlm's model directory, offline on CP
 
 What this server is, checked by direct requests here (not assumed from mmchaos's reading of it):
 its streams end with a ``finish_reason`` chunk and no ``data: [DONE]``; it ignores ``logprobs``
-(the answer carries none); it answers an undecodable image or an image/placeholder mismatch with
-a plain-text 500 and then closes the connection without ``Connection: close``. mmchaos must read
-all of that right: streaming checks measure TTFT/TPOT and stream equality, the report says the
+(the answer carries none); a request it crashes on gets a plain-text 500, and then it closes the
+connection without ``Connection: close``. What it crashes on moved between releases: up to
+transformers 5.24 an undecodable image or an image/placeholder mismatch was a 500; 5.25 refuses
+both with a 400 whose body is FastAPI's ``{"detail": ...}`` (not OpenAI's error shape), and a
+message whose ``content`` is a number still crashes it. So the expected findings are read from
+direct requests to the server under test, not from one release's behaviour. mmchaos must read all
+of that right: streaming checks measure TTFT/TPOT and stream equality, the report says the
 logprobs were ignored, and every failing finding is one a direct request confirms.
 
 One server for the module (it loads in seconds). Skipped only when the ``serving`` extra of
@@ -114,6 +118,29 @@ def _post(base: str, body: dict[str, Any]) -> Any:
         return client.post(f"{base}/chat/completions", json=body)
 
 
+CRASH_CANDIDATES: dict[str, dict[str, Any]] = {
+    "an empty image": _chat(_image_parts("data:image/png;base64,")),  # a 500 up to transformers 5.24
+    "a number as content": {"model": MODEL, "messages": [{"role": "user", "content": 5}]},  # 5.25: TypeError
+}
+
+
+def _crashing_body(base: str) -> dict[str, Any]:
+    """The first candidate this release of the server answers with a 500 (by a direct request)."""
+    statuses = {}
+    for name, body in CRASH_CANDIDATES.items():
+        statuses[name] = _post(base, body).status_code
+        if statuses[name] == 500:
+            return body
+    pytest.fail(f"no request this test knows crashes this transformers serve: {statuses}")
+
+
+def _crashes(base: str, body: dict[str, Any]) -> bool:
+    """True when the server answers ``body`` with a 500; any other answer must be a 4xx refusal."""
+    status: int = _post(base, body).status_code
+    assert status == 500 or 400 <= status < 500, status
+    return status == 500
+
+
 # -- what the server is (direct requests) ---------------------------------------------------------
 
 
@@ -148,18 +175,20 @@ def test_mmchaos_reads_its_streams_and_says_it_ignores_logprobs(tf_serve: str) -
 
 def test_a_500_closes_its_connection_and_the_next_request_is_not_blamed(tf_serve: str) -> None:
     """uvicorn closes the connection after a 500; mmchaos sends the next request again on a new one."""
+    crashing = _crashing_body(tf_serve)
     target = OpenAITarget.connect(tf_serve, model=MODEL, max_concurrency=1)
     params = GenerationParams(max_new_tokens=2, logprobs=False)
     try:
         for _ in range(3):
             with pytest.raises(EndpointError) as crashed:
-                target.generate_encoded("What is this?", [b""], params)
+                # through the target's own connection pool; its typed API will not build this body
+                target._post_chat(crashing)
             assert crashed.value.status == 500
             assert target.generate("Say OK.", (), params).completions  # answered, not a reset
     finally:
         target.close()
     with socket.create_connection(("127.0.0.1", int(tf_serve.split(":")[2].split("/")[0])), timeout=30) as raw:
-        body = json.dumps(_chat(_image_parts("data:image/png;base64,"))).encode()
+        body = json.dumps(crashing).encode()
         raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
         got = b""
@@ -247,42 +276,53 @@ def test_the_report_says_logprobs_were_ignored(findings: list[dict[str, Any]]) -
 
 
 def test_every_failing_finding_is_true(tf_serve: str, findings: list[dict[str, Any]]) -> None:
-    failing = {(f["check"], f["title"].split(":")[0]) for f in findings if f["verdict"] in ("fail", "error")}
-    assert failing == {("contract", "zero_byte"), ("contract", "truncated_jpeg"),
-                       ("image_token_consistency", "mismatch"), ("multi_turn_consistency", "the last turn is not"
-                       " answered about its own image"),
-                       *(("serving_poison", f"poison {kind}") for kind in POISONS)}, failing  # fmt: skip
-    # contract: an empty and a truncated image crash the request with a 500 (not a typed 4xx).
+    """The failing findings are exactly those direct requests confirm: the contract cases and the
+    placeholder mismatches this release crashes on (a 500, not a typed 4xx), the multi-turn answer and
+    the poisons (a 500, or a refusal that is not OpenAI error JSON: the next test)."""
     from mmchaos.hostile import CorpusBase, get_case
 
     base = CorpusBase(image=_red(), caption="a red square")
-    for case in ("zero_byte", "truncated_jpeg"):
-        blob = get_case(case).build(base).data
-        assert _post(tf_serve, _chat(_image_parts(data_url(blob)))).status_code == 500, case
-    assert _one(findings, "contract", "1 of 3 hostile inputs")["verdict"] == "pass"  # the CMYK JPEG: answered
-    cmyk = get_case("mode_CMYK_jpeg").build(base).data
-    assert _post(tf_serve, _chat(_image_parts(data_url(cmyk)))).status_code == 200
-    # image_token_consistency: a placeholder without its image, and one image with two placeholders.
+    cases = {case: _chat(_image_parts(data_url(get_case(case).build(base).data))) for case in ("zero_byte",
+             "truncated_jpeg", "mode_CMYK_jpeg")}  # fmt: skip
+    assert _post(tf_serve, cases.pop("mode_CMYK_jpeg")).status_code == 200  # answered, in every release
+    crashing_cases = {case for case, body in cases.items() if _crashes(tf_serve, body)}
     mismatch = _one(findings, "image_token_consistency", "mismatch")["evidence"]
-    placeholder = mismatch["placeholder"]
-    for name in ("extra_placeholder", "placeholder_without_image"):
+    question = f"{mismatch['placeholder']} What colour is the shape?"
+    mismatches = {"placeholder_without_image": _chat(question), "extra_placeholder": _chat(_image_parts(RED, question))}
+    crashing_mismatches = {name for name, body in mismatches.items() if _crashes(tf_serve, body)}
+
+    failing = {(f["check"], f["title"].split(":")[0]) for f in findings if f["verdict"] in ("fail", "error")}
+    expected = {*(("contract", case) for case in crashing_cases),
+                *([("image_token_consistency", "mismatch")] if crashing_mismatches else []),
+                ("multi_turn_consistency", "the last turn is not answered about its own image"),
+                *(("serving_poison", f"poison {kind}") for kind in POISONS)}  # fmt: skip
+    assert failing == expected, (failing, crashing_cases, crashing_mismatches)
+    assert _one(findings, "contract", f"{3 - len(crashing_cases)} of 3 hostile inputs")["verdict"] == "pass"
+    for name in mismatches:
         outcome = mismatch["outcomes"][name]
-        assert outcome["outcome"] == "untyped_error" and "HTTP 500" in outcome["error"], outcome  # not a reset
-    assert _post(tf_serve, _chat(f"{placeholder} What colour is the shape?")).status_code == 500
-    two = _image_parts(RED, f"{placeholder} What colour is the shape?")
-    assert _post(tf_serve, _chat(two)).status_code == 500
+        if name in crashing_mismatches:
+            assert outcome["outcome"] == "untyped_error" and "HTTP 500" in outcome["error"], outcome  # not a reset
+        else:
+            assert "HTTP 500" not in str(outcome), outcome
 
 
-def test_poison_gets_500s_and_the_good_traffic_next_to_it_is_answered(
+def test_poison_fails_as_the_server_answers_it_and_the_good_traffic_next_to_it_is_answered(
     tf_serve: str, findings: list[dict[str, Any]]
 ) -> None:
+    """A poison the server crashes on fails as '5xx' (up to transformers 5.24, a plain-text 500); one
+    it refuses with FastAPI's ``{"detail": ...}`` 400 (5.25) fails as not OpenAI error JSON."""
     isolation = _one(findings, "serving_poison", "isolation")
     assert isolation["verdict"] == "pass", isolation["title"]  # no good request blamed for a closed connection
-    for kind in POISONS:
-        assert "5xx" in _one(findings, "serving_poison", f"poison {kind}")["title"]
-    for url in ("data:image/png;base64,!!not base64!!", "data:image/png;base64," + "QUJD" * 8):
+    for kind, url in (("malformed_base64", "data:image/png;base64,!!not base64!!"),
+                      ("garbage_image", "data:image/png;base64," + "QUJD" * 8)):  # fmt: skip
         answer = _post(tf_serve, _chat(_image_parts(url)))
-        assert answer.status_code == 500 and not answer.headers["content-type"].startswith("application/json")
+        title = _one(findings, "serving_poison", f"poison {kind}")["title"]
+        if answer.status_code == 500:
+            assert not answer.headers["content-type"].startswith("application/json")
+            assert "5xx" in title, title
+        else:
+            assert answer.status_code == 400 and "error" not in answer.json(), answer.text
+            assert "not OpenAI error JSON" in title, title
 
 
 def test_the_multi_turn_failure_is_what_the_model_does(tf_serve: str, findings: list[dict[str, Any]]) -> None:
