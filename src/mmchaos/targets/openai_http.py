@@ -853,19 +853,23 @@ def error_of(resp: Any, code: str, message: str) -> tuple[str, str]:
     """The code and message of an error answer, in the shapes servers send them: OpenAI's and
     vLLM's ``{"error": {"message", "code"}}`` (LiteLLM's code is the status as a string, Ollama's
     null), SGLang's and older vLLM's ``{"object": "error", "message", "code": 400}`` at the top
-    level, TGI's ``{"error": "...", "error_type": "validation"}``. A numeric code is no code: the
-    caller's ``http_<status>`` stays."""
+    level, TGI's ``{"error": "...", "error_type": "validation"}``, FastAPI's ``{"detail": "..."}``
+    (transformers serve >= 5.25 refuses an undecodable image so) and its 422
+    ``{"detail": [{"loc", "msg"}, ...]}``. A numeric code is no code: the caller's ``http_<status>``
+    stays."""
     try:
         body = resp.json()
     except ValueError:
         return code, message
     if not isinstance(body, dict):
         return code, message
-    err = body.get("error")
+    err, detail = body.get("error"), body.get("detail")
     if isinstance(err, dict):
         found, text = err.get("code"), err.get("message")
     elif isinstance(err, str):
         found, text = body.get("error_type"), err
+    elif err is None and isinstance(detail, str | list):
+        found, text = None, _fastapi_detail(detail)
     else:
         found, text = body.get("code"), body.get("message")
     if isinstance(found, str) and found and not found.isdigit():
@@ -873,3 +877,16 @@ def error_of(resp: Any, code: str, message: str) -> tuple[str, str]:
     if isinstance(text, str) and text:
         message = text
     return code, message
+
+
+def _fastapi_detail(detail: str | list[Any]) -> str:
+    """FastAPI's ``detail``: a string, or its validation errors as ``loc: msg``, joined by ``; ``."""
+    if isinstance(detail, str):
+        return detail
+    parts = []
+    for item in detail[:8]:
+        if isinstance(item, dict) and isinstance(item.get("msg"), str):
+            loc = item.get("loc")
+            where = ".".join(str(x) for x in loc) if isinstance(loc, list | tuple) else ""
+            parts.append(f"{where}: {item['msg']}" if where else item["msg"])
+    return "; ".join(parts)

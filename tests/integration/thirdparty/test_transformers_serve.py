@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mmchaos.errors import TargetCallError
 from mmchaos.targets.builtin import TINY_VLM_DIR
 from mmchaos.targets.generation import GenerationParams
 from mmchaos.targets.openai_http import EndpointError, OpenAITarget
@@ -196,6 +197,22 @@ def test_a_500_closes_its_connection_and_the_next_request_is_not_blamed(tf_serve
             got += chunk
     head = got.split(b"\r\n\r\n")[0].lower()
     assert head.startswith(b"http/1.1 500") and b"connection: close" not in head
+
+
+def test_a_refusal_reaches_the_user_with_the_servers_reason(tf_serve: str) -> None:
+    """transformers serve 5.25 refuses an empty image with FastAPI's ``{"detail": ...}`` 400: mmchaos's
+    error says why (it said only 'HTTP 400: Bad Request')."""
+    answer = _post(tf_serve, CRASH_CANDIDATES["an empty image"])
+    if answer.status_code == 500:
+        pytest.skip("this release crashes on an empty image (transformers <= 5.24): no refusal to read")
+    target = OpenAITarget.connect(tf_serve, model=MODEL, max_concurrency=1)
+    try:
+        with pytest.raises(TargetCallError) as refused:
+            target.generate_encoded("What is this?", [b""], GenerationParams(max_new_tokens=2, logprobs=False))
+    finally:
+        target.close()
+    reason = answer.json()["detail"]
+    assert "Incorrect image source" in str(refused.value) and refused.value.code == "http_400", (reason, refused.value)
 
 
 # -- the suites' checks against it ----------------------------------------------------------------

@@ -154,6 +154,25 @@ def test_other_statuses_are_never_retried(status: int) -> None:
     assert isinstance(info.value, MMChaosError) == (status < 500 and status != 408)
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"detail": "Incorrect image source. Got ."}, "Incorrect image source. Got ."),  # transformers serve 5.25
+        ({"detail": [{"loc": ["body", "messages", 0, "role"], "msg": "Input should be 'user'", "type": "x"},
+                     {"loc": ["body", "max_tokens"], "msg": "Input should be a valid integer"}]},
+         "body.messages.0.role: Input should be 'user'; body.max_tokens: Input should be a valid integer"),
+    ],
+)  # fmt: skip
+def test_a_fastapi_refusal_keeps_its_detail_as_the_message(body: dict[str, Any], said: str) -> None:
+    """FastAPI servers (transformers serve, many gateways) answer ``{"detail": ...}``: the reason is
+    the message, not the bare status phrase."""
+    api = FakeAPI(script=[httpx.Response(422 if isinstance(body["detail"], list) else 400, json=body)])
+    target = connect(api, model="m", capabilities=["embed_text"])
+    with pytest.raises(TargetCallError) as info:
+        target.embed_texts(["a"])
+    assert str(info.value).endswith(said) and info.value.code.startswith("http_4")
+
+
 def test_parse_retry_after() -> None:
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after(" 0.5 ") == 0.5
