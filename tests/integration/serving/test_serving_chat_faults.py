@@ -37,11 +37,13 @@ pytestmark = pytest.mark.integration
 DATA = make_shapes(8, seed=3)
 """No questions: the good traffic asks "What is in the picture?", which the chat fakes answer with a
 description up to max_tokens, so every streamed answer is long enough to be cut in its middle."""
-FAULTS: dict[str, Any] = {**FAST, "faults": ["http_503"], "levels": ["heavy"], "stream_faults": ["stream_cut"],
-                          "fault_s": 0.5}  # fmt: skip
+FAULTS: dict[str, Any] = {**FAST, **ROOMY, "faults": ["http_503"], "levels": ["heavy"],
+                          "stream_faults": ["stream_cut"], "fault_s": 0.5}  # fmt: skip
+"""ROOMY's 5 s p99 in every experiment here: each verdict is about a bug, not speed (under a CPU hog the
+clean fake's resilience experiment read a p99 of 1,273 ms against FAST's 1 s and failed)."""
 FAST_BREAKER = {"failure_rate_threshold": 50, "sliding_window_size": 20, "minimum_number_of_calls": 10,
                 "wait_duration_in_open_state": 1.0, "permitted_number_of_calls_in_half_open_state": 3}  # fmt: skip
-RESILIENCE: dict[str, Any] = {**FAST, "failure_s": 0.6, "retry_calls": 6, "max_recovery_s": 4.0,
+RESILIENCE: dict[str, Any] = {**FAST, **ROOMY, "failure_s": 0.6, "retry_calls": 6, "max_recovery_s": 4.0,
                               "server": {"breaker": FAST_BREAKER}}  # fmt: skip
 
 
@@ -85,8 +87,8 @@ SUITE: dict[str, Any] = {
     "name": "chat-faults",
     "seed": 0,
     "checks": [
-        {"check": "serving_faults", "params": {**FAULTS, **ROOMY, "faults": ["reset_peer", "http_503"]}},
-        {"check": "serving_resilience", "params": {**RESILIENCE, **ROOMY}},
+        {"check": "serving_faults", "params": {**FAULTS, "faults": ["reset_peer", "http_503"]}},
+        {"check": "serving_resilience", "params": RESILIENCE},
     ],
 }
 
@@ -132,10 +134,10 @@ def tiny_vlm() -> Iterator[Target]:
 @pytest.mark.check_contract("serving_faults", "clean")
 @pytest.mark.check_contract("serving_resilience", "clean")
 def test_both_checks_pass_in_process_on_the_builtin_vlm(tiny_vlm: Target) -> None:
-    faults = run(ServingFaults, tiny_vlm, {**FAULTS, **ROOMY})
+    faults = run(ServingFaults, tiny_vlm, FAULTS)
     assert_all_pass(faults)
     assert {f.evidence.get("fault") for f in faults} >= {"http_503", "stream_cut"}
-    resilience = run(ServingResilience, tiny_vlm, {**RESILIENCE, **ROOMY})
+    resilience = run(ServingResilience, tiny_vlm, RESILIENCE)
     assert_all_pass(resilience)
     by = {f.title.split(":")[0]: f for f in resilience}
     # the breaker saw streamed and non-streamed model calls fail, opened, and the service came back
