@@ -72,8 +72,10 @@ def open_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> Opened:
     if parts.scheme != "http" or parts.hostname is None:
         return Opened("failed", f"the raw-socket probe speaks plain http only, not {parts.scheme}")
     payload = json.dumps(body).encode()
+    # Connection: close, so a server ends a refusal by closing (one that keeps the connection
+    # anyway is read to the refusal's end: _refused_in_full).
     headers = {"Host": ep.auth.get("Host", parts.netloc), "Content-Type": "application/json",
-               "Content-Length": str(len(payload))}  # fmt: skip
+               "Content-Length": str(len(payload)), "Connection": "close"}  # fmt: skip
     headers.update({k: v for k, v in ep.auth.items() if k != "Host"})
     head = f"POST {ep.prefix}/chat/completions HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     start = time.perf_counter()
@@ -95,6 +97,8 @@ def open_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> Opened:
             if not chunk:
                 break
             seen += chunk
+            if _refused_in_full(seen):
+                break
             if _ended(seen):
                 opened.close()
                 return Opened("ended", "the stream finished before the client left", seen=seen,
@@ -128,6 +132,24 @@ def leave_mid_stream(ep: Endpoint, body: dict[str, Any], timeout: float) -> tupl
         return opened.outcome, opened.detail
     opened.close()
     return "left", "read the first delta and closed the connection"
+
+
+def _refused_in_full(seen: bytes) -> bool:
+    """Whether ``seen`` is a whole answer other than 200: its headers and its body, by Content-Length
+    or the last chunk. A refusal on a connection the server keeps alive ends there, not when the
+    server closes it: uvicorn keeps one 20 s by default, and the disconnect probe's request that is
+    refused as too long (then asked again with fewer tokens) waited that long each time."""
+    head, sep, body = seen.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    lines = head.split(b"\r\n")
+    if b" 200 " in lines[0] + b" ":
+        return False
+    fields = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines[1:])}
+    if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+        return body.endswith(b"0\r\n\r\n")
+    length = fields.get(b"content-length", b"")
+    return length.isdigit() and len(body) >= int(length)
 
 
 def _ended(seen: bytes) -> bool:
