@@ -14,7 +14,7 @@ photographs), so they stay out of the geometric mean.
 
 Also measured: the batched path of the pointwise and noise kernels against the per-image loop
 (a batch of 64), and ``_ops.filter2d`` (defocus blur) against uint8 ``cv2.filter2D`` (albumentations'
-call) and against a DFT of each channel with the kernel's spectrum cached.
+call) and against float32 ``cv2.filter2D`` (its path before).
 
 Neither peer is a dependency: without one its comparison is skipped and said so. It is
 1.1.2 from 2020; on today's NumPy and scikit-image it needs three shims, applied here and
@@ -290,7 +290,8 @@ def batch_vs_loop(args: argparse.Namespace) -> list[tuple[str, int, float, float
 
 
 def filter_paths(args: argparse.Namespace) -> list[tuple[str, int, float, float, float]]:
-    """defocus_blur's filter: ``_ops.filter2d`` (float32 input) vs uint8 filter2D vs a cached-spectrum DFT."""
+    """defocus_blur's filter: ``_ops.filter2d`` (a cached-spectrum DFT from 130 taps) vs uint8 filter2D vs
+    float32 filter2D."""
     from mmchaos.perturb import _ops
 
     border = cv2.BORDER_REFLECT_101
@@ -301,10 +302,10 @@ def filter_paths(args: argparse.Namespace) -> list[tuple[str, int, float, float,
             kernel = _ops.disk(float(radius), alias)
             ours = median_cpu(partial(_ops.filter2d, image, kernel), 5 * args.repeats)
             plain = median_cpu(partial(cv2.filter2D, image, -1, kernel, borderType=border), 5 * args.repeats)
-            dft = median_cpu(partial(_dft_filter, image, kernel), 5 * args.repeats)
+            dft = median_cpu(partial(_float_filter, image, kernel), 5 * args.repeats)
             rows.append((f"{width}x{height}", radius, ours, plain, dft))
             print(f"filter2d {width}x{height} r={radius}: ours {ours * 1e3:.2f} ms, plain uint8 {plain * 1e3:.2f} ms,"
-                  f" cached-spectrum DFT {dft * 1e3:.2f} ms", flush=True)  # fmt: skip
+                  f" float32 filter2D {dft * 1e3:.2f} ms", flush=True)  # fmt: skip
     return rows
 
 
@@ -319,27 +320,12 @@ class _Cycle:
         return self.fn(self.images[self.calls % len(self.images)])
 
 
-def _dft_filter(image: np.ndarray, kernel: np.ndarray) -> Any:
-    """The alternative tried for large disks: one DFT per channel of the reflect-padded image, the
-    kernel's spectrum made once (cached), a real inverse DFT of the rows kept, truncated."""
-    h, w = image.shape[:2]
-    r = kernel.shape[0] // 2
-    rows, cols = cv2.getOptimalDFTSize(h + 2 * r), cv2.getOptimalDFTSize(w + 2 * r)
-    padded = cv2.copyMakeBorder(image, r, rows - h - r, r, cols - w - r, cv2.BORDER_REFLECT_101)
-    key = (kernel.tobytes(), rows, cols)
-    if key not in _SPECTRA:
-        plane = np.zeros((rows, cols), np.float32)
-        plane[: kernel.shape[0], : kernel.shape[1]] = kernel[::-1, ::-1]
-        _SPECTRA[key] = cv2.dft(np.roll(plane, (-r, -r), axis=(0, 1)))
-    planes = []
-    for plane in cv2.split(padded.astype(np.float32)):
-        product = cv2.mulSpectrums(cv2.dft(plane), _SPECTRA[key], 0)
-        inverse = cv2.dft(product, flags=cv2.DFT_INVERSE | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT, nonzeroRows=h + r)
-        planes.append(inverse[r : r + h, r : r + w])
-    return np.clip(cv2.merge(planes), 0, 255).astype(np.uint8)
+def _float_filter(image: np.ndarray, kernel: np.ndarray) -> Any:
+    """The path mmchaos used before for every kernel size: OpenCV's filter2D on float32 (its own
+    DFT from about 130 taps), truncated."""
+    from mmchaos.perturb import _ops
 
-
-_SPECTRA: dict[tuple[bytes, int, int], Any] = {}
+    return _ops.truncate_u8(cv2.filter2D(image.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101))
 
 
 def _gmean(values: list[float]) -> float:
@@ -493,15 +479,13 @@ def write(
         "",
         "## defocus_blur's filter on this OpenCV",
         "",
-        "`_ops.filter2d` with the disk cropped to its support, on a float32 copy of the image: under 130 taps "
-        "(radius 3) OpenCV convolves directly, above (radius 6 and 10) through its DFT, and both run faster on "
-        "float32 than on the uint8 image. The middle column is a plain rounding uint8 filter2D (albumentations' "
-        "call, and the large-kernel path mmchaos used before), the last one a DFT of each channel with the "
-        "kernel's spectrum cached (tried and not used: across four runs it was 0-30% faster than the float32 path "
-        "at 512 x 384 from radius 6 and 1.3-4x slower at 224 x 224, and a size rule would change an image's "
-        "output, by one level on under 1% of pixels, with its size).",
+        "`_ops.filter2d` with the disk cropped to its support: under 130 taps (radius 3) OpenCV's direct filter2D on "
+        "a float32 copy of the image; from 130 taps (radius 6 and 10) one DFT per channel with the kernel's "
+        "spectrum cached (`_ops.dft_correlate`). The middle column is a plain rounding uint8 filter2D "
+        "(albumentations' call), the last one filter2D on float32 at every size (mmchaos' path before: from 130 "
+        "taps OpenCV's own DFT, which on OpenCV 5.1 became slower than the uint8 call).",
         "",
-        "| size | disk radius | filter2d (float32) ms | uint8 filter2D ms | cached-spectrum DFT ms |",
+        "| size | disk radius | filter2d ms | uint8 filter2D ms | float32 filter2D ms |",
         "|---|---:|---:|---:|---:|",
     ]
     for size, radius, ours, plain, old in filters:

@@ -59,17 +59,66 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
     return cv2.sepFilter2D(img, -1, taps, taps, borderType=border)
 
 
+DFT_TAPS = 130
+"""Kernels of this many taps or more are applied through :func:`dft_correlate` (OpenCV's own
+``filter2D`` switches to its DFT near there)."""
+
+
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    On a float32 copy of the image, whatever the kernel's size: measured on OpenCV 5.0 in one run
-    (benchmarks/perturb_speed.md), under 130 taps OpenCV's direct path is 1.3-2x faster on
-    float32 than on uint8, and from 130 taps its DFT path is 1.2-2.3x faster on float32 than on
-    uint8 (the uint8 path, used here before for large kernels, is albumentations' call). A DFT
-    of each channel with the kernel's spectrum cached was tried: 0-30% faster at 512 x 384, 1.3-4x
-    slower at 224 x 224, so not used. ``truncate_u8`` then truncates in one pass.
+    On float32, whatever the kernel's size (under 130 taps OpenCV's direct path was 1.3-2x faster
+    on float32 than on uint8). From :data:`DFT_TAPS` taps through :func:`dft_correlate`, the
+    kernel's spectrum cached: on OpenCV 5.1 (benchmarks/perturb_speed.md) ``filter2D``'s own DFT
+    path on float32 took 10.5 ms for the radius-6 disk at 512 x 384, the uint8 one 6.4 ms and this
+    one 4.3 ms (at 224 x 224 1.2 ms against 1.5). The choice depends on the kernel only, so an
+    image's output does not change with its size's path. ``truncate_u8`` then truncates in one pass.
     """
+    if kernel.size >= DFT_TAPS:  # truncated plane by plane: OpenCV 5.1 merges float32 planes slowly
+        planes = [truncate_u8(plane) for plane in dft_correlate_planes(img, kernel, border)]
+        return cv2.merge(planes) if len(planes) > 1 else planes[0]
     return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
+
+
+def dft_correlate(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> F32:
+    """``filter2D(img, -1, kernel)`` in float32 (a correlation, anchor at the kernel's centre)."""
+    planes = dft_correlate_planes(img, kernel, border)
+    out: F32 = np.asarray(cv2.merge(planes) if len(planes) > 1 else planes[0], dtype=np.float32)
+    return out
+
+
+def dft_correlate_planes(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> list[F32]:
+    """Each channel of ``filter2D(img, -1, kernel)`` in float32, through one DFT per channel of the
+    border-padded image and the kernel's cached spectrum.
+
+    The image is padded by ``border`` to an optimal DFT size at least a kernel's width larger, so
+    the circular product wraps only into the padding, which is cut off again.
+    """
+    h, w = img.shape[:2]
+    kh, kw = kernel.shape
+    ry, rx = kh // 2, kw // 2
+    rows, cols = cv2.getOptimalDFTSize(h + kh), cv2.getOptimalDFTSize(w + kw)
+    padded = cv2.copyMakeBorder(img, ry, rows - h - ry, rx, cols - w - rx, border)
+    spectrum = _kernel_spectrum(np.ascontiguousarray(kernel, dtype=np.float32).tobytes(), kh, kw, rows, cols)
+    planes: list[F32] = []
+    # Split as uint8, then each plane to float32: OpenCV 5.1 splits float32 channels 20-40x slower.
+    for plane in cv2.split(padded):
+        product = cv2.mulSpectrums(cv2.dft(plane.astype(np.float32)), spectrum, 0)
+        inverse = cv2.dft(product, flags=cv2.DFT_INVERSE | cv2.DFT_SCALE | cv2.DFT_REAL_OUTPUT, nonzeroRows=h + ry)
+        planes.append(np.asarray(inverse[ry : ry + h, rx : rx + w], dtype=np.float32))
+    return planes
+
+
+@lru_cache(maxsize=16)
+def _kernel_spectrum(kernel: bytes, kh: int, kw: int, rows: int, cols: int) -> F32:
+    """The DFT of the kernel flipped (a product of spectra convolves; filter2D correlates), placed
+    with its centre at the origin of a ``rows x cols`` plane (a few hundred KB each)."""
+    taps = np.frombuffer(kernel, dtype=np.float32).reshape(kh, kw)
+    plane = np.zeros((rows, cols), np.float32)
+    plane[:kh, :kw] = taps[::-1, ::-1]
+    spectrum: F32 = np.asarray(cv2.dft(np.roll(plane, (-(kh // 2), -(kw // 2)), axis=(0, 1))), dtype=np.float32)
+    spectrum.flags.writeable = False
+    return spectrum
 
 
 @lru_cache(maxsize=1)

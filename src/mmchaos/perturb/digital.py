@@ -48,6 +48,10 @@ class JpegCompression(ImagePerturbation):
         return jpeg_roundtrip(item, int(params["quality"]))
 
 
+_LEVELS = (np.arange(256, dtype=np.float64) / 255.0)[:, None]
+"""The 256 levels of a uint8 channel on the reference's 0-1 scale, a column (one row per level)."""
+
+
 class Contrast(StackKernel):
     """Contrast loss: each channel pulled towards its mean by ImageNet-C's factors."""
 
@@ -63,13 +67,21 @@ class Contrast(StackKernel):
 
     def kernel(self, images: ImageArray, params: Sequence[dict[str, Any]]) -> Any:
         factor = float(params[0]["factor"])
-        # (v - mean) * factor + mean = v * factor + mean * (1 - factor): one scaling pass, one
-        # per-channel offset (both saturate and round; within a level of the reference).
-        scaled = cv2.convertScaleAbs(rows(images), alpha=factor).reshape(images.shape)
+        # The reference's floor(clip((v / 255 - m) * factor + m, 0, 1) * 255), m a channel's mean,
+        # depends only on the level v and the channel: a 256-entry table per channel, one lookup
+        # a value, plane by plane (a 3-channel table took twice as long). A scaling pass plus a
+        # per-channel fractional add, used before, rounded twice, and the add took 0.3-0.5 ms a
+        # 224 x 224 image on OpenCV 5.1, 40 times its 5.0 time.
+        out = np.empty_like(images)
         for i, item in enumerate(images):
-            offset = (*(m * (1.0 - factor) for m in cv2.mean(item)[:3]), 0.0)
-            _ops.CV.add(scaled[i], offset, dst=scaled[i])
-        return scaled
+            means = np.array(cv2.mean(item)[:3]) / 255.0
+            tables = np.floor(np.clip((_LEVELS - means) * factor + means, 0.0, 1.0) * 255.0).astype(np.uint8).T
+            planes = cv2.split(item)
+            looked_up = [
+                cv2.LUT(plane, np.ascontiguousarray(table)) for plane, table in zip(planes, tables, strict=True)
+            ]
+            cv2.merge(looked_up, dst=out[i])
+        return out
 
 
 class Saturate(StackKernel):

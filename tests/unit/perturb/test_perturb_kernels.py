@@ -10,6 +10,7 @@ from __future__ import annotations
 import colorsys
 import math
 
+import cv2
 import numpy as np
 import pytest
 
@@ -77,11 +78,16 @@ def test_brightness_and_saturate_follow_hsv_exactly() -> None:
         assert np.all(np.abs(s.astype(float) - np.floor(ref_s)) <= 1), (p, s, ref_s)
 
 
-def test_contrast_is_the_per_channel_formula() -> None:
-    out = perturb.get("contrast")([IMG], severity=2, rng=0)[0][0]
+@pytest.mark.parametrize("severity", [1, 2, 5])
+def test_contrast_is_the_per_channel_formula(severity: int) -> None:
+    """The reference's values, truncated as it truncates: equal but where the channel means, summed
+    in another order, put a value on the other side of a level (a scaling pass then a rounded
+    offset, used before, was a level off on many pixels)."""
+    factor = (0.4, 0.3, 0.2, 0.1, 0.05)[severity - 1]
+    out = perturb.get("contrast")([IMG], severity=severity, rng=0)[0][0].astype(float)
     x = IMG / 255.0
-    ref = np.floor(np.clip((x - x.mean(axis=(0, 1))) * 0.3 + x.mean(axis=(0, 1)), 0, 1) * 255)
-    assert np.abs(out - ref).max() <= 1
+    ref = np.floor(np.clip((x - x.mean(axis=(0, 1))) * factor + x.mean(axis=(0, 1)), 0, 1) * 255)
+    assert np.abs(out - ref).max() <= 1 and (out != ref).mean() < 0.001
 
 
 def test_noise_moments_match_the_tables() -> None:
@@ -140,3 +146,29 @@ def test_text_boxes_find_words_on_a_text_line() -> None:
     boxes = text_boxes(sample.image)
     words = len((sample.text or "").split())
     assert 1 <= len(boxes) <= 3 * words
+
+
+@pytest.mark.parametrize("border", [cv2.BORDER_REFLECT_101, cv2.BORDER_REPLICATE])
+@pytest.mark.parametrize("shape", [(40, 48, 3), (33, 61)], ids=["colour", "grey"])
+def test_the_dft_path_is_filter2d_of_an_asymmetric_kernel(border: int, shape: tuple[int, ...]) -> None:
+    """A correlation with the anchor at the centre, as filter2D's, whatever the kernel's symmetry,
+    the image's channels and the border (a flipped or shifted kernel, or a wrap into the image,
+    moves values by whole pixels, far past the float error allowed here)."""
+    img = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    kernel = np.random.default_rng(2).random((13, 15)).astype(np.float32)
+    kernel /= kernel.sum()
+    ref = cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border)
+    assert np.abs(_ops.dft_correlate(img, kernel, border) - ref).max() < 1e-3
+
+
+@pytest.mark.parametrize("radius, alias", [(6, 0.5), (10, 0.5)])
+def test_defocus_of_a_large_disk_through_the_dft_equals_the_direct_filter(radius: int, alias: float) -> None:
+    """Large disks (>= DFT_TAPS) go through the cached-spectrum DFT: the truncated values of filter2D
+    on float32, a level apart only where float error crosses a level."""
+    kernel = _ops.disk(float(radius), alias)
+    assert kernel.size >= _ops.DFT_TAPS
+    img = np.random.default_rng(3).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    ref = _ops.truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101))
+    out = perturb.get("defocus_blur").apply(img, {"radius": radius, "alias_blur": alias})
+    diff = np.abs(out.astype(int) - ref)
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
