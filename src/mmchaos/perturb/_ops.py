@@ -60,31 +60,34 @@ def gaussian(img: Any, sigma: float, truncate: float = 4.0, border: int = cv2.BO
 
 
 DFT_TAPS = 130
-"""Kernels of this many taps or more are applied through :func:`dft_correlate` (OpenCV's own
+"""Kernels of this many taps or more are applied through :func:`dft_correlate_planes` (OpenCV's own
 ``filter2D`` switches to its DFT near there)."""
 
 
 def filter2d(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> Any:
     """``filter2D`` of a uint8 image, truncated to uint8 as the reference's ``np.uint8(...)`` does.
 
-    On float32, whatever the kernel's size (under 130 taps OpenCV's direct path was 1.3-2x faster
-    on float32 than on uint8). From :data:`DFT_TAPS` taps through :func:`dft_correlate`, the
+    Under :data:`DFT_TAPS` taps, OpenCV's direct filter2D on a float32 copy (1.3-2x faster than
+    on uint8). From :data:`DFT_TAPS` taps through :func:`dft_correlate_planes`, the
     kernel's spectrum cached: on OpenCV 5.1 (benchmarks/perturb_speed.md) ``filter2D``'s own DFT
     path on float32 took 10.5 ms for the radius-6 disk at 512 x 384, the uint8 one 6.4 ms and this
     one 4.3 ms (at 224 x 224 1.2 ms against 1.5). The choice depends on the kernel only, so an
     image's output does not change with its size's path. ``truncate_u8`` then truncates in one pass.
     """
     if kernel.size >= DFT_TAPS:  # truncated plane by plane: OpenCV 5.1 merges float32 planes slowly
-        planes = [truncate_u8(plane) for plane in dft_correlate_planes(img, kernel, border)]
-        return cv2.merge(planes) if len(planes) > 1 else planes[0]
+        return _merged([truncate_u8(plane) for plane in dft_correlate_planes(img, kernel, border)])
     return truncate_u8(cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=border))
 
 
 def dft_correlate(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> F32:
     """``filter2D(img, -1, kernel)`` in float32 (a correlation, anchor at the kernel's centre)."""
-    planes = dft_correlate_planes(img, kernel, border)
-    out: F32 = np.asarray(cv2.merge(planes) if len(planes) > 1 else planes[0], dtype=np.float32)
+    out: F32 = np.asarray(_merged(dft_correlate_planes(img, kernel, border)), dtype=np.float32)
     return out
+
+
+def _merged(planes: Sequence[Any]) -> Any:
+    """The planes of an image as one array (a single plane as it is: a grey image stays 2-D)."""
+    return cv2.merge(planes) if len(planes) > 1 else planes[0]
 
 
 def dft_correlate_planes(img: Any, kernel: Any, border: int = cv2.BORDER_REFLECT_101) -> list[F32]:
