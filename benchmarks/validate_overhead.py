@@ -2,7 +2,10 @@
 
 Model time is what the runner's TimedTarget measured in the same run: the union of the intervals in
 which the target's model was busy, on the check's thread, on the reference server's threads and in
-worker processes (concurrent calls counted once). The goal (issue 23): wall <= 1.3x model time,
+worker processes (concurrent calls counted once). Load time is the run's ``target_load_seconds``:
+importing the target's framework and reading its weights (for a transformers VLM, ~4.4 s of torch and
+transformers imports on this kind of CPU), which a bare script making the same calls pays too; the
+second ratio puts the harness against that floor. The goal (issue 23): wall <= 1.3x model time,
 prelaunch on builtin:tiny-clip and quick on builtin:tiny-vlm. The machine's load average is printed
 with the numbers, since on a shared machine it moves them more than anything the harness does.
 
@@ -51,12 +54,15 @@ def measure(
             print(f"  {c['id']:<28} {c['wall_seconds']:7.2f} {c['model_seconds']:7.2f} {c.get('model_calls', '')}")
     checks = results["summary"]["wall_seconds"]
     model = results["summary"]["model_seconds"]
+    load = results["summary"].get("target_load_seconds") or 0.0
     return {
         "suite": suite,
         "wall_s": round(wall, 1),
         "checks_wall_s": round(checks, 1),
         "model_s": round(model, 1),
+        "load_s": round(load, 1),
         "wall/model": round(wall / model, 2) if model else float("inf"),
+        "wall/(load+model)": round(wall / (load + model), 2) if load + model else float("inf"),
         "cpu_s": round(cpu, 1),
         "load_avg": f"{load_before:.1f}->{os.getloadavg()[0]:.1f}",
         "verdicts": json.dumps(results["summary"]["verdicts"]),
@@ -83,7 +89,8 @@ def main() -> None:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")
     for row in rows:  # issue 23: prelaunch on tiny-clip and quick on tiny-vlm <= 1.3 (issue 13 had 2)
         ratio = float(row["wall/model"])
-        print(f"{row['suite']} wall / model = {ratio:.2f} (goal <= 1.3): {'met' if ratio <= 1.3 else 'NOT met'}")
+        print(f"{row['suite']} wall / model = {ratio:.2f} (goal <= 1.3): {'met' if ratio <= 1.3 else 'NOT met'}; "
+              f"wall / (load + model) = {row['wall/(load+model)']}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -240,7 +240,9 @@ def run_suite(
         early: set[Any] = set()
         if resume is None and not forking:
             early = _prepare_early(checks, config, load_options, resources, pool)
+        loading = time.perf_counter()
         target = load_target(config.target, config.options)
+        load_seconds = time.perf_counter() - loading  # its framework's import and the weights: a floor's cost too
         if forking:  # now: before this process has run the model (see mmchaos.executors.forkserver)
             resources.fork_server = ForkServer.start(target)
     except BaseException:
@@ -268,7 +270,7 @@ def run_suite(
                     config=config.to_dict(),
                     target=target.describe(),
                     dataset=dataset.describe(),
-                    environment=environment(),
+                    environment=environment() | {"target_load_seconds": round(load_seconds, 3)},
                 ),
                 [cid for cid, _ in checks],
             )

@@ -84,6 +84,7 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
             "untested_steps": untested,
             "wall_seconds": sum(c.wall_seconds for c in checks),
             "model_seconds": sum(c.model_seconds for c in checks),
+            "target_load_seconds": run.environment.get("target_load_seconds"),
         },
         "steps": steps,
         "checks": [
