@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.errors import ConfigError
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mmchaos.targets.base import Target
     from mmchaos.timing import ModelClock
 
-__all__ = ["EXECUTORS", "Executor", "ExecutorSpec", "PrefetchingUnitFn", "TargetSpec", "UnitFn", "Worker"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorSpec", "TargetSpec", "UnitFn", "Worker"]
 
 S = TypeVar("S")
 U = TypeVar("U")
@@ -66,33 +66,6 @@ class Worker:
 
 UnitFn = Callable[[Worker, S, U], R]
 """A unit of work: a module-level function (it is pickled by reference to reach Ray actors)."""
-
-
-class PrefetchingUnitFn(ABC, Generic[S, U, R]):
-    """A unit function in two parts: the CPU work that needs no model (decoding and perturbing the
-    unit's inputs) and the rest, which calls the target with what the first part made.
-
-    Called as a whole (``fn(worker, shared, unit)``, as Ray actors do), it runs both parts in turn.
-    The local executor instead runs the first part of the next unit on a helper thread while this
-    unit's model calls run: on a CPU the perturbations of a robustness sweep cost about as much as
-    the calls of a small model, and the two overlap on separate cores. Instances are stateless,
-    so one made at module level pickles by reference like a function.
-    """
-
-    @abstractmethod
-    def prepare(self, worker: Worker, shared: S, unit: U) -> Callable[[], Any] | None:
-        """On the caller's thread: what may run ahead on the helper thread, or None (nothing: the
-        whole unit runs in :meth:`run`). The returned work must not call the target nor read the
-        worker's memo (neither is safe to share with the thread running the previous unit); look
-        up here what it needs."""
-
-    @abstractmethod
-    def run(self, worker: Worker, shared: S, unit: U, ready: Any) -> R:
-        """The unit, given what its prepared work returned (None where :meth:`prepare` gave none)."""
-
-    def __call__(self, worker: Worker, shared: S, unit: U) -> R:
-        work = self.prepare(worker, shared, unit)
-        return self.run(worker, shared, unit, work() if work is not None else None)
 
 
 class Executor(ABC):

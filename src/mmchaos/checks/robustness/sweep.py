@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,15 +26,13 @@ import numpy.typing as npt
 from mmchaos import perturb, tasks
 from mmchaos.checks.base import seeded_rng
 from mmchaos.data.base import Dataset
-from mmchaos.executors import PrefetchingUnitFn, Worker
+from mmchaos.executors import Worker
 from mmchaos.perturb.base import (
-    Applied,
     BindContext,
     Modality,
     MultimodalPerturbation,
     MultimodalSample,
     Perturbation,
-    TargetAwarePerturbation,
     TextPerturbation,
 )
 from mmchaos.targets.openai_wire import EndpointError
@@ -152,56 +148,24 @@ class UnitFailure:
 # --- the unit function (runs on a worker) -------------------------------------------------------
 
 
-Outcome = ShardResult | ProbeShard | UnitFailure
-"""What a unit gives the driver."""
+def run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | ProbeShard | UnitFailure:
+    """Run one unit against the worker's target, again after an endpoint's transient failure."""
+    errors: list[str] = []
+    while True:
+        try:
+            result = _run_unit(worker, plan, unit)
+        except EndpointError as exc:  # 5xx, reset, timeout, unreadable answer: the endpoint, not the input
+            errors.append(f"{exc.code}: {str(exc)[:200]}")
+            if len(errors) > plan.transient_retries:
+                return UnitFailure(errors)
+            time.sleep(min(2.0, 0.1 * 2 ** len(errors)))
+            continue
+        result.retried = errors
+        return result
 
 
-class _SweepUnit(PrefetchingUnitFn[SweepPlan, Unit, Outcome]):
-    """The sweep's unit function. A perturbed unit of a pure image perturbation prepares its
-    perturbed batch ahead (see :class:`~mmchaos.executors.base.PrefetchingUnitFn`): the pixels
-    take as long as a small model's calls, and the two overlap on a CPU's cores. Text perturbations
-    (whose meaning constraint runs a model) and target-aware ones (which ask the target where to
-    strike) are perturbed in :meth:`run`, on the thread that owns the model."""
-
-    def prepare(self, worker: Worker, plan: SweepPlan, unit: Unit) -> Callable[[], Any] | None:
-        if unit.kind != "perturbed" or unit.perturbation is None:
-            return None
-        pert = _perturbation(worker, plan, unit.perturbation)
-        if pert.modality != Modality.IMAGE or isinstance(pert, TargetAwarePerturbation):
-            return None
-        inputs = _shard_inputs(worker, plan, pert, data=_sampled(worker, plan), unit=unit)
-        return partial(pert, inputs, unit.severity, rng=_unit_rng(plan, pert, unit))
-
-    def run(self, worker: Worker, plan: SweepPlan, unit: Unit, ready: Any) -> Outcome:
-        """Run one unit against the worker's target, again after an endpoint's transient failure
-        (with the same perturbed batch: a perturbation is a function of its seed)."""
-        errors: list[str] = []
-        while True:
-            try:
-                result = _run_unit(worker, plan, unit, ready)
-            except EndpointError as exc:  # 5xx, reset, timeout, unreadable answer: the endpoint, not the input
-                errors.append(f"{exc.code}: {str(exc)[:200]}")
-                if len(errors) > plan.transient_retries:
-                    return UnitFailure(errors)
-                time.sleep(min(2.0, 0.1 * 2 ** len(errors)))
-                continue
-            result.retried = errors
-            return result
-
-
-run_unit = _SweepUnit()
-"""``run_unit(worker, plan, unit)``: one unit of the sweep on the worker's target."""
-
-
-def _unit_rng(plan: SweepPlan, pert: Perturbation[Any], unit: Unit) -> np.random.Generator:
-    return seeded_rng(plan.seed, plan.check_id, pert.name, unit.severity, unit.start)
-
-
-def _run_unit(
-    worker: Worker, plan: SweepPlan, unit: Unit, ready: tuple[list[Any], Applied] | None = None
-) -> ShardResult | ProbeShard:
-    """Run one unit against the worker's target; only this shard's inputs are loaded. ``ready``:
-    the unit's perturbed batch and its record, made ahead (None: perturbed here)."""
+def _run_unit(worker: Worker, plan: SweepPlan, unit: Unit) -> ShardResult | ProbeShard:
+    """Run one unit against the worker's target; only this shard's inputs are loaded."""
     data = _sampled(worker, plan)
     rows = list(range(unit.start, unit.stop))
     if unit.kind == "clean":
@@ -209,14 +173,13 @@ def _run_unit(
         return ShardResult(_task(worker, plan, unit.task).evaluate_shard(worker.target, data, rows))
     assert unit.perturbation is not None
     pert = _perturbation(worker, plan, unit.perturbation)
+    inputs = _shard_inputs(worker, plan, pert, data, unit)
     if unit.kind == "probe":
-        inputs = _shard_inputs(worker, plan, pert, data, unit)
         return _probe(worker, plan, pert, data, rows, inputs, unit.severities)
     assert unit.task is not None
     task = _task(worker, plan, unit.task)
-    if ready is None:  # not the shard cache's inputs once the next unit has prepared its own
-        ready = pert(_shard_inputs(worker, plan, pert, data, unit), unit.severity, rng=_unit_rng(plan, pert, unit))
-    perturbed, applied = ready
+    rng = seeded_rng(plan.seed, plan.check_id, pert.name, unit.severity, unit.start)
+    perturbed, applied = pert(inputs, unit.severity, rng=rng)
     result = _evaluate(task, worker, data, rows, pert, perturbed)
     hit = [pert.hit(prm) for prm in applied.items] if pert.removes_content else []
     constraint = None
@@ -275,8 +238,7 @@ def multimodal_item(data: Dataset, i: int, text_field: str | None) -> Multimodal
 
 
 def _shard_inputs(worker: Worker, plan: SweepPlan, pert: Perturbation[Any], data: Dataset, unit: Unit) -> list[Any]:
-    """The shard's clean inputs, decoded once for the consecutive units of one shard (one shard kept
-    here; the unit perturbed ahead may still hold the shard before).
+    """The shard's clean inputs, decoded once for the consecutive units of one shard (one shard kept).
 
     Perturbations are pure (they return new items), so the severities of a shard share its inputs.
     """
