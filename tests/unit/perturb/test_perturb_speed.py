@@ -243,6 +243,31 @@ def test_cached_superpixels_are_the_computed_ones_and_the_cache_is_bounded() -> 
     assert len(small) == 3
 
 
+def _nearest_by_gather(centres: np.ndarray, cand: np.ndarray, feats: np.ndarray, weight: np.float32) -> np.ndarray:
+    """SLIC's assignment step written plainly: a (pixels, 9, 5) gather, the distance, argmin."""
+    diff = centres[cand] - feats[:, None, :]
+    d2 = (diff[..., :3] ** 2).sum(-1) + weight * (diff[..., 3:] ** 2).sum(-1)
+    return np.asarray(cand[np.arange(len(cand)), d2.argmin(axis=1)])
+
+
+def test_superpixel_assignment_is_the_plain_gather_and_argmin_ties_to_the_first() -> None:
+    from mmchaos.perturb._slic import _nearest
+
+    gen = np.random.default_rng(7)
+    centres = gen.uniform(0, 100, (64, 5)).astype(np.float32)
+    centres[9] = centres[3]  # exact ties: the earlier candidate wins, as argmin's first minimum
+    cand = gen.integers(0, 64, (5000, 9))
+    cand[:100, 2], cand[:100, 6] = 9, 3  # a tie between columns 2 and 6 in that order, ...
+    cand[100:200, 1], cand[100:200, 5] = 3, 9  # ... and in the other
+    feats = np.concatenate([centres[3:4] + gen.normal(0, 0.01, (200, 5)), gen.uniform(0, 100, (4800, 5))])
+    feats = feats.astype(np.float32)
+    weight = np.float32(0.7)
+    got = _nearest(centres, np.ascontiguousarray(cand.T), [np.ascontiguousarray(feats[:, k]) for k in range(5)], weight)
+    assert np.array_equal(got, _nearest_by_gather(centres, cand, feats, weight))
+    tied = np.isin(cand[:200], [3, 9])  # the rows near centre 3 (= centre 9): the first of the two
+    assert np.array_equal(got[:200], cand[:200][np.arange(200), tied.argmax(axis=1)]), "the first of equals"
+
+
 def test_a_second_severity_does_not_recompute_saliency() -> None:
 
     class Counting(fakes.ShapeColourTarget):
