@@ -78,8 +78,13 @@ class Typographic(ImagePerturbation):
             stroke_width=int(params["stroke_width"]),
             stroke_fill=(*params["stroke"], 255),
         )
-        rgba = np.asarray(layer, dtype=np.float32)
+        result: ImageArray = item.copy()
+        box = layer.getbbox()  # where the word's alpha is not zero; outside it the blend is the image
+        if box is None:
+            return result
+        left, top, right, bottom = box
+        rgba = np.asarray(layer.crop(box), dtype=np.float32)
         alpha = rgba[..., 3:] * np.float32(float(params["opacity"]) / 255.0)
-        out = item.astype(np.float32) * (1 - alpha) + rgba[..., :3] * alpha
-        result: ImageArray = np.clip(np.rint(out), 0, 255).astype(np.uint8)
+        out = item[top:bottom, left:right].astype(np.float32) * (1 - alpha) + rgba[..., :3] * alpha
+        result[top:bottom, left:right] = np.clip(np.rint(out), 0, 255).astype(np.uint8)
         return result

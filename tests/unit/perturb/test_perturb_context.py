@@ -141,6 +141,36 @@ def test_typographic_writes_a_class_name_when_bound() -> None:
     assert all(item["word"] for item in rec.items)
 
 
+def _word_blended_over_the_whole_image(item: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    """Typographic's blend written plainly: the word's layer over every pixel of the image."""
+    from PIL import Image, ImageDraw
+
+    from mmchaos.perturb.typographic import _font
+
+    layer = Image.new("RGBA", (item.shape[1], item.shape[0]), (0, 0, 0, 0))
+    ImageDraw.Draw(layer).text(
+        (params["x"], params["y"]), params["word"], font=_font(int(params["size"])), fill=(*params["fill"], 255),
+        stroke_width=int(params["stroke_width"]), stroke_fill=(*params["stroke"], 255),
+    )  # fmt: skip
+    rgba = np.asarray(layer, dtype=np.float32)
+    alpha = rgba[..., 3:] * np.float32(float(params["opacity"]) / 255.0)
+    out = item.astype(np.float32) * (1 - alpha) + rgba[..., :3] * alpha
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def test_typographic_blends_only_where_the_word_is_and_gives_the_whole_image_blend() -> None:
+    gen = np.random.default_rng(3)
+    images = [gen.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((64, 64), (40, 120), (120, 33))]
+    typographic = perturb.get("typographic")
+    for severity in (1, 3, 5):
+        out, rec = typographic(images, severity=severity, rng=severity)
+        for item, got, params in zip(images, out, rec.items, strict=True):
+            assert np.array_equal(got, _word_blended_over_the_whole_image(item, params))
+            assert not np.array_equal(got, item), "the word is written"
+    off = dict(rec.items[0], x=10_000)  # a word drawn outside the image leaves it as it was
+    assert np.array_equal(typographic.apply(images[0], off), images[0])
+
+
 def _samples(n: int = 6) -> list[MultimodalSample]:
     frames = tuple(np.full((8, 8, 3), k * 10, np.uint8) for k in range(10))
     return [
