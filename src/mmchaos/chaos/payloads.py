@@ -233,7 +233,13 @@ def gradient_jpeg(side: int) -> bytes:
     from PIL import Image
 
     ramp = np.linspace(0, 255, side, dtype=np.float32)
-    img = np.stack([np.add.outer(ramp, ramp) / 2, np.tile(ramp, (side, 1)), np.tile(ramp[:, None], (1, side))], -1)
+    levels = ramp.astype(np.uint8)
+    img = np.empty((side, side, 3), np.uint8)  # filled in place: no float32 image, no stacking copy
+    diagonal = np.add.outer(ramp, ramp)
+    diagonal /= 2
+    img[..., 0] = diagonal  # truncated, as astype(uint8) truncates
+    img[..., 1] = levels[None, :]
+    img[..., 2] = levels[:, None]
     buf = io.BytesIO()
-    Image.fromarray(img.astype(np.uint8)).save(buf, format="JPEG", quality=75)
+    Image.fromarray(img).save(buf, format="JPEG", quality=75)
     return buf.getvalue()
