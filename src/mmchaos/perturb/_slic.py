@@ -142,7 +142,10 @@ def _slic(rgb: npt.NDArray[np.uint8], n_segments: int, compactness: float, itera
 
 
 def _nearest(
-    centres: npt.NDArray[np.float32], columns: npt.NDArray[np.int64], pixel: list[npt.NDArray[np.float32]], weight: Any
+    centres: npt.NDArray[np.float32],
+    columns: npt.NDArray[np.int64],
+    pixel: list[npt.NDArray[np.float32]],
+    weight: np.float32,
 ) -> npt.NDArray[np.int64]:
     """Each pixel's nearest candidate centre under SLIC's distance, the first of equals.
 
@@ -152,9 +155,8 @@ def _nearest(
     axes and gathers ``(9, 5)`` blocks slowly). Ties keep the earlier candidate, as ``argmin`` does.
     """
     table = [np.ascontiguousarray(centres[:, k]) for k in range(5)]
-    best: npt.NDArray[np.float32] | None = None
-    labels: npt.NDArray[np.int64] = columns[0]
-    for ids in columns:
+
+    def distance(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         d = [table[k][ids] - pixel[k] for k in range(5)]
         colour = d[0] * d[0]
         colour += d[1] * d[1]
@@ -163,10 +165,13 @@ def _nearest(
         place += d[4] * d[4]
         place *= weight
         colour += place
-        if best is None:
-            best, labels = colour, ids.copy()
-            continue
-        closer = colour < best
-        np.copyto(best, colour, where=closer)
+        return colour
+
+    best = distance(columns[0])
+    labels: npt.NDArray[np.int64] = columns[0].copy()
+    for ids in columns[1:]:
+        here = distance(ids)
+        closer = here < best
+        np.copyto(best, here, where=closer)
         np.copyto(labels, ids, where=closer)
     return labels
