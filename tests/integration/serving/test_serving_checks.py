@@ -475,14 +475,17 @@ class BrokenAfterTenCalls(HashEmbedTarget):
 
 
 class LoadedMachineModel(HashEmbedTarget):
-    """Correct, 80 ms a call: the same service as a fast one, on a machine busy with other work."""
+    """Correct, 80 ms an input: the same service as a fast one, on a machine busy with other work.
+    Per input, not per call, so the server's batching cannot clear a queue faster than that: a ramp
+    to 16 clients always leaves more than the step's drain can answer (80 ms a call, a batch of 16
+    took as long as a batch of one, and the backlog left over ranged from 8 requests to none)."""
 
     def embed_images(self, images: Sequence[np.ndarray]) -> np.ndarray:
-        time.sleep(0.08)
+        time.sleep(0.08 * len(images))
         return super().embed_images(images)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        time.sleep(0.08)
+        time.sleep(0.08 * len(texts))
         return super().embed_texts(texts)
 
 
@@ -543,7 +546,10 @@ def test_overload_recovery_is_judged_after_the_backlog_drains_at_the_measured_ra
     assert recovery.verdict == Verdict.PASS, recovery.title
     allowance = recovery.evidence["recovery_allowance"]
     assert allowance["backlog"] >= 1 and allowance["drain_rate_rps"] > 0
-    assert 0.05 < recovery.metrics["recovery_s"] <= 0.05 + allowance["drain_s"]
+    assert allowance["answer_s"] >= 0.08  # the first recovery request's own answer is granted
+    whole = min(allowance["drain_cap_s"], allowance["drain_s"] + allowance["answer_s"])
+    assert abs(allowance["allowance_s"] - whole) < 2e-3
+    assert 0.05 < recovery.metrics["recovery_s"] <= 0.05 + allowance["allowance_s"]
     assert "granted 0.05 s + " in recovery.title
     assert experiment(findings).verdict == Verdict.PASS
     assert_torn_down(experiment(findings))

@@ -72,15 +72,30 @@ class Drain:
     step. On an idle machine that takes a fraction of a second; on a loaded one the same service
     takes several times longer. Judging recovery after this measured drain, not after a fixed
     time alone, keeps a correct service passing on both, while a service that stays broken after
-    the ramp never meets its SLO, however long it is given."""
+    the ramp never meets its SLO, however long it is given.
+
+    Recovery is timed to the first good *answer*, so the first recovery request's own service time
+    is granted too (``answer_s``: the slowest good answer of the ramp's lowest step, unqueued, on this
+    machine at this moment). Without it a model slower than ``max_recovery_s`` a call could never
+    recover, and whether a correct one did hung on how much backlog the ramp happened to leave (a
+    batching server can clear all of it within the step's drain; it failed CI that way)."""
 
     backlog: int
     rate_rps: float
-    seconds: float
+    drain_s: float
+    answer_s: float
     cap_s: float
 
+    @property
+    def seconds(self) -> float:
+        """The whole allowance: the backlog's drain and one answer, at most ``cap_s``."""
+        return min(self.cap_s, self.drain_s + self.answer_s)
+
     def describe(self) -> str:
-        return f"{self.seconds:.2f} s to drain {self.backlog} requests at {self.rate_rps:.1f} good req/s"
+        answer = f"{self.answer_s:.2f} s for one answer"
+        if not self.backlog:
+            return answer
+        return f"{self.drain_s:.2f} s to drain {self.backlog} requests at {self.rate_rps:.1f} good req/s + {answer}"
 
 
 def _answer_rate(result: LoadResult) -> float:
@@ -88,23 +103,29 @@ def _answer_rate(result: LoadResult) -> float:
     return result.good / result.duration_s if result.duration_s > 0 else 0.0
 
 
-def drain_allowance(steps: list[LoadResult], max_recovery_s: float, request_timeout_s: float) -> Drain:
+def drain_allowance(
+    steps: list[LoadResult], max_recovery_s: float, request_timeout_s: float, *, answer_s: float | None = None
+) -> Drain:
     """The drain of the last step's backlog (its requests still in flight when the step's own drain,
     the SLO's p99 bound, ran out: cancelled, though the service still works on them) at the rate
-    that step answered (the lowest rate of the ramp when it had too few good answers to measure one).
+    that step answered (the lowest rate of the ramp when it had too few good answers to measure one),
+    plus one answer's time (``answer_s``; by default the p99 of the first step's good answers).
 
     At most twice the longer of ``max_recovery_s`` and the request timeout: a backlog that takes
     longer than that to clear is a recovery problem of its own (and the phase stays bounded)."""
     cap = 2.0 * max(max_recovery_s, request_timeout_s)
     if not steps:
-        return Drain(0, 0.0, 0.0, cap)
+        return Drain(0, 0.0, 0.0, 0.0, cap)
+    if answer_s is None:
+        p99_ms = steps[0].ok_latency.p99_ms
+        answer_s = (p99_ms or 0.0) / 1000.0
     last = steps[-1]
     backlog = int(last.cancelled)
     rates = [_answer_rate(r) for r in steps if r.good >= 3]
     rate = _answer_rate(last) if last.good >= 3 else min(rates, default=0.0)
     if not backlog:
-        return Drain(0, rate, 0.0, cap)
-    return Drain(backlog, rate, cap if rate <= 0 else min(cap, backlog / rate), cap)
+        return Drain(0, rate, 0.0, answer_s, cap)
+    return Drain(backlog, rate, cap if rate <= 0 else min(cap, backlog / rate), answer_s, cap)
 
 
 def _goodput(result: LoadResult) -> float:
@@ -334,12 +355,15 @@ class ServingOverload(Check[ServingOverloadParams, ServingOverloadGate]):
                     if drain is None
                     else {
                         "max_recovery_s": p.max_recovery_s,
-                        "drain_s": round(drain.seconds, 3),
+                        "allowance_s": round(drain.seconds, 3),
+                        "drain_s": round(drain.drain_s, 3),
+                        "answer_s": round(drain.answer_s, 3),
                         "backlog": drain.backlog,
                         "drain_rate_rps": round(drain.rate_rps, 2),
                         "drain_cap_s": drain.cap_s,
                         "why": "the requests in flight at the ramp's end, drained at the rate the service "
-                        "answered in that step (same machine, same moment): recovery is judged after them",
+                        "answered in that step (same machine, same moment), and the first recovery request's "
+                        "own answer (the ramp's lowest step, unqueued): recovery is judged after them",
                     },
                 }
             ),
