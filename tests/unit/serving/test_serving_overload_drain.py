@@ -43,7 +43,7 @@ def test_no_backlog_no_drain_and_the_allowance_is_bounded() -> None:
     assert none_left.describe() == "0.01 s for one answer"
     assert drain_allowance([], 3.0, 2.0).seconds == 0.0
     # a last step with too few answers to measure: the ramp's lowest rate; none at all: the cap
-    assert drain_allowance([result(10, 1.0, 1), result(1, 2.0, 20)], 3.0, 2.0, answer_s=0.0).seconds == 2.0
+    assert drain_allowance([result(10, 1.0, 1), result(1, 2.0, 20)], 3.0, 2.0).drain_s == 2.0
     stalled = drain_allowance([result(0, 2.0, 64)], 1.0, 2.0)
     assert stalled.seconds == stalled.cap_s == 4.0
 

@@ -108,22 +108,18 @@ def _answer_rate(result: LoadResult) -> float:
     return result.good / result.duration_s if result.duration_s > 0 else 0.0
 
 
-def drain_allowance(
-    steps: list[LoadResult], max_recovery_s: float, request_timeout_s: float, *, answer_s: float | None = None
-) -> Drain:
+def drain_allowance(steps: list[LoadResult], max_recovery_s: float, request_timeout_s: float) -> Drain:
     """The drain of the last step's backlog (its requests still in flight when the step's own drain,
     the SLO's p99 bound, ran out: cancelled, though the service still works on them) at the rate
     that step answered (the lowest rate of the ramp when it had too few good answers to measure one),
-    plus one answer's time (``answer_s``; by default the p99 of the first step's good answers).
+    plus one answer's time (the p99 of the first step's good answers).
 
     At most twice the longer of ``max_recovery_s`` and the request timeout: a backlog that takes
     longer than that to clear is a recovery problem of its own (and the phase stays bounded)."""
     cap = 2.0 * max(max_recovery_s, request_timeout_s)
     if not steps:
         return Drain(0, 0.0, 0.0, 0.0, cap)
-    if answer_s is None:
-        p99_ms = steps[0].ok_latency.p99_ms
-        answer_s = (p99_ms or 0.0) / 1000.0
+    answer_s = (steps[0].ok_latency.p99_ms or 0.0) / 1000.0
     last = steps[-1]
     backlog = int(last.cancelled)
     rates = [_answer_rate(r) for r in steps if r.good >= 3]
