@@ -103,7 +103,7 @@ class Drain:
         return f"{self.drain_s:.2f} s to drain {self.backlog} requests at {self.rate_rps:.1f} good req/s + {answer}"
 
 
-def _answer_rate(result: LoadResult) -> float:
+def _good_rate(result: LoadResult) -> float:
     """Good answers per second over the whole step (its pipeline fill included: the lower, safer rate)."""
     return result.good / result.duration_s if result.duration_s > 0 else 0.0
 
@@ -122,8 +122,8 @@ def drain_allowance(steps: list[LoadResult], max_recovery_s: float, request_time
     answer_s = (steps[0].ok_latency.p99_ms or 0.0) / 1000.0
     last = steps[-1]
     backlog = int(last.cancelled)
-    rates = [_answer_rate(r) for r in steps if r.good >= 3]
-    rate = _answer_rate(last) if last.good >= 3 else min(rates, default=0.0)
+    rates = [_good_rate(r) for r in steps if r.good >= 3]
+    rate = _good_rate(last) if last.good >= 3 else min(rates, default=0.0)
     if not backlog:
         return Drain(0, rate, 0.0, answer_s, cap)
     return Drain(backlog, rate, cap if rate <= 0 else min(cap, backlog / rate), answer_s, cap)
