@@ -94,7 +94,9 @@ def main() -> None:
     if args.one:
         one(args.target, args.one[0], int(args.one[1]), not args.unsharded)
         return
-    env = dict(os.environ)
+    # Units in this process: peak RSS is one process's, and the driver's streaming is what it measures
+    # (forked unit workers, mmchaos.executors.forked, each hold one unit at a time).
+    env = dict(os.environ, MMCHAOS_UNIT_WORKERS="1")
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
     with tempfile.TemporaryDirectory() as tmp:

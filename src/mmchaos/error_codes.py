@@ -138,6 +138,8 @@ _ENTRIES: dict[str, list[tuple[str, int, str]]] = {
         ("executor_ray_missing", 501, "--executor ray needs Ray, which is not installed"),
         ("executor_ray_unavailable", 503, "the Ray cluster cannot be started or reached"),
         ("executor_unknown", 400, "--executor names no known executor"),
+        ("executor_unit_failed", 500, "a work unit failed on a forked worker, or those workers could not start"),
+        ("executor_worker_lost", 500, "a work unit took down the forked worker that ran it"),
         ("fuzz_bad_kind", 400, "a saved fuzz reproducer has an unknown input kind"),
         ("output_unusable", 400, "the report folder cannot be written"),
         ("results_invalid", 400, "a results.json given to compare is not valid JSON or not a results document"),

@@ -20,6 +20,7 @@ from mmchaos.checks.base import AnyCheck, CheckContext, NullProgress, ProgressSi
 from mmchaos.data import Dataset, load_dataset
 from mmchaos.errors import ConfigError, DataError, StoreError
 from mmchaos.executors import Executor, ExecutorSpec, LazyExecutor, StoreJournal, TargetSpec, open_executor
+from mmchaos.executors.forked import ForkedUnitExecutor
 from mmchaos.executors.forkserver import ForkServer, fork_enabled
 from mmchaos.executors.resources import RunResources
 from mmchaos.findings import Finding, Severity, Verdict
@@ -243,8 +244,6 @@ def run_suite(
         loading = time.perf_counter()
         target = load_target(config.target, config.options)
         load_seconds = time.perf_counter() - loading  # its framework's import and the weights: a floor's cost too
-        if forking:  # now: before this process has run the model (see mmchaos.executors.forkserver)
-            resources.fork_server = ForkServer.start(target)
     except BaseException:
         resources.close()
         raise
@@ -254,9 +253,13 @@ def run_suite(
         resources.close()
         target.close()
         raise
+    units: ForkedUnitExecutor | None = None  # work units of parallel_units checks on forked workers
     try:
         data_spec = config.data or default_data(target)
         dataset = _load_data(data_spec)
+        if forking:  # now: before this process has run the model (see mmchaos.executors.forkserver)
+            resources.fork_server = ForkServer.start(target, dataset)
+        units = ForkedUnitExecutor.for_run(resources.fork_server, target) if forking else None
         fingerprint = target.fingerprint().to_dict()
         if resume is None:
             store.create_run(
@@ -299,6 +302,7 @@ def run_suite(
             findings, timed, wall = _run_one(
                 check_id, check, target, dataset, config.effective_seed, progress, resources,
                 executor=pool, journal=StoreJournal(store, run_id, check_id), reference=reference,
+                unit_executor=units if check.parallel_units else None,
             )  # fmt: skip
             if pool is not None and pool.error is not None:
                 raise pool.error  # the executor could not open: the run's usage error, not this check's
@@ -313,6 +317,8 @@ def run_suite(
     finally:
         if pool is not None:
             pool.close()
+        if units is not None:
+            units.close()
         resources.close()
         target.close()
         if reference is not None:
@@ -392,6 +398,7 @@ def _run_one(
     executor: Executor | None = None,
     journal: StoreJournal | None = None,
     reference: Target | None = None,
+    unit_executor: ForkedUnitExecutor | None = None,
 ) -> tuple[list[Finding], TimedTarget, float]:
     """Run one check; whatever it raises becomes an error finding (the harness outlives the target)."""
     timed = TimedTarget(target)
@@ -402,7 +409,7 @@ def _run_one(
         return [skipped], timed, 0.0
     ctx = CheckContext(
         target=timed, dataset=dataset, seed=seed, check_id=check_id, progress=progress, resources=resources,
-        executor=executor, journal=journal, reference=reference,
+        executor=executor, journal=journal, reference=reference, unit_executor=unit_executor,
     )  # fmt: skip
     findings: list[Finding] = []
     try:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from mmchaos.data.base import Dataset
     from mmchaos.executors import Executor, UnitFn, UnitJournal
+    from mmchaos.executors.forked import ForkedUnitExecutor
     from mmchaos.executors.isolated import JournaledRunner
     from mmchaos.executors.jobs import Handler, WorkerSpec
     from mmchaos.executors.resources import RunResources
@@ -103,6 +104,9 @@ class CheckContext:
     max_samples: int | None = None
     executor: Executor | None = None
     """Where work units run (None: in this process, on ``target``); see :mod:`mmchaos.executors`."""
+    unit_executor: ForkedUnitExecutor | None = None
+    """Where this check's work units run when ``executor`` is None: workers forked with the loaded target,
+    one per core (:mod:`mmchaos.executors.forked`; given to checks that set ``parallel_units``)."""
     journal: UnitJournal | None = None
     """Where finished units are committed, so a resumed run does not compute them again."""
     resources: RunResources | None = None
@@ -132,7 +136,10 @@ class CheckContext:
         from mmchaos.executors import LocalExecutor, Worker, run_units
         from mmchaos.timing import clock_of
 
-        executor = self.executor or LocalExecutor(Worker(self.target, self.dataset))
+        executor = self.executor
+        if executor is None and self.unit_executor is not None and self.unit_executor.available():
+            executor = self.unit_executor
+        executor = executor or LocalExecutor(Worker(self.target, self.dataset))
         return run_units(
             executor, fn, shared, units, keys=keys, encode=encode, decode=decode, journal=self.journal,
             what=f"{self.check_id} units", clock=clock_of(self.target),
@@ -215,6 +222,9 @@ class Check(Generic[P, G]):
     step: ClassVar[Step]
     requires: ClassVar[tuple[frozenset[Capability], ...]] = ()
     """Alternatives: the check runs when the target has every capability of at least one set."""
+    parallel_units: ClassVar[bool] = False
+    """Whether the run may run this check's work units on forked workers, one per core (units that
+    are many, independent and model-bound, like a robustness sweep's; see :mod:`mmchaos.executors.forked`)."""
     Params: ClassVar[type[BaseModel]]
     """The parameter model, from ``Check[Params, Gate]`` (set by :meth:`__init_subclass__`)."""
     Gate: ClassVar[type[BaseModel]]

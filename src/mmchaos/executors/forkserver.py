@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["FORK_SCHEMES", "ForkServer", "ForkedProcess", "fork_enabled"]
+__all__ = ["FORK_SCHEMES", "ForkServer", "ForkedProcess", "fork_enabled", "held_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,15 @@ def _on_accelerator(options: dict[str, Any]) -> bool:
 
 
 # -- the server side (a child of the run) -------------------------------------------------------
+
+_held: dict[str, Any] = {}
+"""What the server holds besides the target (the run's dataset), set in the server process only."""
+
+
+def held_dataset() -> Any:
+    """The run's dataset in a forked worker (None in any other process, or when the run gave none)."""
+    return _held.get("dataset")
+
 
 
 def _serve(sock: socket.socket, target: Any) -> None:
@@ -170,8 +179,11 @@ class ForkServer:
         """Workers forked so far."""
 
     @classmethod
-    def start(cls, target: Any) -> ForkServer | None:
-        """Fork the server now (call it before the run's process runs the model); None if it cannot."""
+    def start(cls, target: Any, dataset: Any = None) -> ForkServer | None:
+        """Fork the server now (call it before the run's process runs the model); None if it cannot.
+
+        ``dataset`` (the run's) is held too, so work units on forked workers
+        (:mod:`mmchaos.executors.forked`) read the samples without loading the set again."""
         uri = str(getattr(target, "uri", ""))
         options = dict(getattr(target, "load_options", None) or {})
         if not fork_enabled(uri) or _on_accelerator(options):
@@ -190,6 +202,7 @@ class ForkServer:
         if pid == 0:  # the server: never returns into the run's code
             parent.close()
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the run, which stops the server
+            _held["dataset"] = dataset
             try:
                 _serve(child, target)
             finally:

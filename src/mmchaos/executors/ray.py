@@ -16,11 +16,12 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmchaos.errors import ConfigError, MissingDependencyError, MMChaosError
 from mmchaos.executors.base import Executor, TargetSpec, UnitFn, Worker
+from mmchaos.executors.busy import Busy, BusyTarget
 
 if TYPE_CHECKING:
     from mmchaos.executors.jobs import Handler, JobResult, WorkerSpec
@@ -53,29 +54,6 @@ def require_ray() -> Any:
         ) from exc
 
 
-Busy = list[tuple[float, float]]
-"""Model calls of one unit as (start, end) on the wall clock (``time.time``), comparable across processes."""
-
-
-def _busy_target(inner: Any) -> Any:
-    """``inner`` wrapped so each model call appends its (start, end) wall-clock interval to ``.busy``."""
-    from mmchaos.targets.wrappers import DelegatingTarget
-
-    class BusyTarget(DelegatingTarget):
-        def __init__(self, inner: Any) -> None:
-            super().__init__(inner)
-            self.busy: Busy = []
-
-        def call(self, fn: Callable[..., R], *args: Any) -> R:
-            start = time.time()
-            try:
-                return fn(*args)
-            finally:
-                self.busy.append((start, time.time()))
-
-    return BusyTarget(inner)
-
-
 class TargetActor:
     """The body of one Ray actor: a target and dataset loaded once, then any number of units.
 
@@ -95,7 +73,7 @@ class TargetActor:
             from mmchaos.targets import load_target
 
             self._loaded = load_target(self.spec.uri, self.spec.options)
-            self._worker = Worker(_busy_target(self._loaded), load_dataset(self.spec.data))
+            self._worker = Worker(BusyTarget(self._loaded), load_dataset(self.spec.data))
         return self._worker
 
     def ready(self) -> bool:
@@ -106,10 +84,9 @@ class TargetActor:
     def run(self, fn: UnitFn[Any, Any, Any], shared: Any, unit: Any) -> tuple[Any, Busy]:
         worker = self.worker()
         target: Any = worker.target
-        target.busy = []
+        target.take()
         value = fn(worker, shared, unit)
-        busy, target.busy = target.busy, []
-        return value, busy
+        return value, target.take()
 
     def start_pool(self, key: str, spec: WorkerSpec, start_timeout: float, workers: int = 1) -> tuple[str, Any]:
         """An isolation pool of ``workers`` processes for ``spec`` on this actor (kept for the run:

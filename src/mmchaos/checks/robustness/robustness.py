@@ -190,6 +190,7 @@ class Robustness(Check[RobustnessParams, RobustnessGate]):
         frozenset({Capability.READ_TEXT}),
         frozenset({Capability.GENERATE}),
     )
+    parallel_units = True  # its perturbation x severity x shard units are independent and model-bound
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p = self.params
