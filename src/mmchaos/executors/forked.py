@@ -226,9 +226,9 @@ def _unpack(index: int, result: JobResult, clock: ModelClock | None) -> Any:
         why = "its result cannot be sent back" if kind == "unpicklable" else "it failed in its worker"
         raise MMChaosError(f"work unit {index}: {why}: {extra.short()}", code="executor_unit_failed")
     tail = result.stderr.strip().splitlines()[-3:]
-    why = {"crashed": f"took down its worker ({result.detail})", "hung": f"did not finish ({result.detail})"}
+    what = {"crashed": "took down its worker", "hung": "did not finish"}.get(result.status, "failed in its worker")
     raise MMChaosError(
-        f"work unit {index} {why.get(result.status, f'failed in its worker ({result.detail})')}"
+        f"work unit {index} {what} ({result.detail})"
         + (f": {' | '.join(tail)}" if tail else ""),
         code="executor_worker_lost" if result.status == "crashed" else "executor_unit_failed",
     )

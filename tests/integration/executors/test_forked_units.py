@@ -78,7 +78,7 @@ def test_forked_units_equal_the_local_run_in_order_and_their_model_calls_are_mod
     pids = {r["pid"] for r in remote}
     assert len(pids) == 2 and os.getpid() not in pids, "both forked workers ran units, none in this process"
     assert clock.calls == len(units), "each unit's one model call reached the check's clock"
-    assert 0 < clock.seconds, clock.seconds
+    assert clock.seconds > 0, clock.seconds
 
 
 def test_a_unit_that_raises_is_raised_at_its_place_and_one_that_crashes_its_worker_is_a_coded_error(
@@ -139,32 +139,54 @@ SUITE = {
 }  # fmt: skip
 
 
-def _run(tmp_path: Path, name: str) -> tuple[list[dict[str, Any]], dict[str, bytes], float]:
+ATTACKS = {
+    "name": "attacks",
+    "seed": 5,
+    "checks": [
+        {"check": "adversarial_whitebox", "gate": {"eps": 4},
+         "params": {"eps": [1, 4], "steps": 3, "masking_queries": 30, "samples": 9, "batch_size": 3}},
+        {"check": "adversarial_blackbox",
+         "params": {"eps": [4], "queries_per_sample": 40, "max_queries": 1000, "samples": 9, "batch_size": 3}},
+        {"check": "text_attack", "params": {"samples": 9, "batch_size": 4, "query_budget": 20}},
+    ],
+}  # fmt: skip
+
+
+def _run(
+    tmp_path: Path, name: str, suite: dict[str, Any] = SUITE
+) -> tuple[list[dict[str, Any]], dict[str, bytes], float]:
     with RunStore(tmp_path / f"{name}.db") as store:
-        config = RunConfig(target=URI, suite=SuiteSpec.model_validate(SUITE), data=DATA)
+        config = RunConfig(target=URI, suite=SuiteSpec.model_validate(suite), data=DATA)
         result = run_suite(config, store)
-        [check] = store.checks(result.run_id)
+        model = sum(c.model_seconds for c in store.checks(result.run_id))
         findings = [f.to_dict() for f in store.findings(result.run_id)]
-        return findings, {a.name: a.data for a in store.artifacts(result.run_id)}, check.model_seconds
+        return findings, {a.name: a.data for a in store.artifacts(result.run_id)}, model
 
 
-def test_a_run_gives_the_same_robustness_findings_on_forked_workers_as_in_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opened: list[int] = []
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The worker counts of the unit executors that started their workers."""
+    calls: list[int] = []
     real_open = ForkedUnitExecutor._open
 
     def spy(self: ForkedUnitExecutor) -> Any:
-        opened.append(self.workers)
+        calls.append(self.workers)
         return real_open(self)
 
     monkeypatch.setattr(ForkedUnitExecutor, "_open", spy)
+    return calls
+
+
+@pytest.mark.parametrize("suite", [SUITE, ATTACKS], ids=["robustness", "attacks"])
+def test_a_run_gives_the_same_findings_on_forked_workers_as_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: list[int], suite: dict[str, Any]
+) -> None:
     monkeypatch.setenv("MMCHAOS_UNIT_WORKERS", "1")
-    here, here_cases, here_model = _run(tmp_path, "here")
+    here, here_cases, here_model = _run(tmp_path, "here", suite)
     assert opened == [], "one worker: the units run in this process"
     monkeypatch.setenv("MMCHAOS_UNIT_WORKERS", "2")
-    there, there_cases, there_model = _run(tmp_path, "there")
-    assert opened and set(opened) == {2}, "the sweep's units went to two forked workers"
-    assert len(here) >= 4 and here_cases, "the sweep measured and saved worst cases"
+    there, there_cases, there_model = _run(tmp_path, "there", suite)
+    assert opened and set(opened) == {2}, "the units went to two forked workers"
+    assert len(here) >= 3 and here_cases, "the checks measured and saved worst cases"
     assert there == here and there_cases == here_cases, "the same seed gives the same findings wherever units ran"
-    assert there_model > 0 and here_model > 0, "the workers' model calls are the check's model time"
+    assert there_model > 0 and here_model > 0, "the workers' model calls are the checks' model time"

@@ -70,6 +70,7 @@ class BlackBox(Check[BlackBoxParams, BlackBoxGate]):
     name = "adversarial_blackbox"
     step = Step.ADVERSARIAL
     requires = JUDGED_IMAGE_TASKS
+    parallel_units = True  # eps x batch units, each seeded by its position: independent, model-bound
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate

@@ -85,6 +85,7 @@ class WhiteBox(Check[WhiteBoxParams, WhiteBoxGate]):
         frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT, Capability.TORCH_MODULE}),
         frozenset({Capability.GENERATE, Capability.TORCH_MODULE}),
     )
+    parallel_units = True  # eps x batch units, each seeded by its position: independent, model-bound
 
     def run(self, ctx: CheckContext) -> Iterator[Finding]:
         p, g = self.params, self.gate
