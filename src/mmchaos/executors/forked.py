@@ -173,6 +173,9 @@ class ForkedUnitExecutor(Executor):
             if pool.forks is None:
                 raise MMChaosError("the run's fork server cannot fork unit workers", code="executor_unit_failed")
             pool.start()
+            if pool.forks is None:  # the server failed while forking: these workers hold no dataset
+                pool.close()
+                raise MMChaosError("the run's fork server stopped forking unit workers", code="executor_unit_failed")
             self._pool = pool
         return self._pool
 

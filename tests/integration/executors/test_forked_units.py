@@ -147,7 +147,6 @@ ATTACKS = {
          "params": {"eps": [1, 4], "steps": 3, "masking_queries": 30, "samples": 9, "batch_size": 3}},
         {"check": "adversarial_blackbox",
          "params": {"eps": [4], "queries_per_sample": 40, "max_queries": 1000, "samples": 9, "batch_size": 3}},
-        {"check": "text_attack", "params": {"samples": 9, "batch_size": 4, "query_budget": 20}},
     ],
 }  # fmt: skip
 
@@ -190,3 +189,19 @@ def test_a_run_gives_the_same_findings_on_forked_workers_as_in_process(
     assert len(here) >= 3 and here_cases, "the checks measured and saved worst cases"
     assert there == here and there_cases == here_cases, "the same seed gives the same findings wherever units ran"
     assert there_model > 0 and here_model > 0, "the workers' model calls are the checks' model time"
+
+
+def test_workers_that_cannot_start_leave_the_units_in_process_with_a_warning(
+    clip: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mmchaos.checks.base import CheckContext
+
+    server = ForkServer.start(clip, load_dataset(DATA))
+    assert server is not None
+    executor = ForkedUnitExecutor(server, shared_spec(clip), workers=2)
+    server.close()  # gone before the check's first map
+    ctx = CheckContext(target=clip, dataset=load_dataset(DATA), seed=0, check_id="c", unit_executor=executor)
+    with caplog.at_level("WARNING", logger="mmchaos.executors.forked"):
+        [result] = ctx.map_units(embed_rows, {"scale": 1.0}, [(0, 2)], keys=["u"], encode=dict, decode=dict)
+    assert result["pid"] == os.getpid(), "the unit ran in this process"
+    assert not executor.available() and "cannot start" in caplog.text, caplog.text

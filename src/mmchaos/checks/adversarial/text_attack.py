@@ -145,7 +145,6 @@ class TextAttack(Check[TextAttackParams, TextAttackGate]):
     name = "text_attack"
     step = Step.ADVERSARIAL
     requires = (frozenset({Capability.EMBED_IMAGE, Capability.EMBED_TEXT}), frozenset({Capability.GENERATE}))
-    parallel_units = True  # eps x batch units, each seeded by its position: independent, model-bound
 
     def __init__(self, params: TextAttackParams | None = None, gate: TextAttackGate | None = None) -> None:
         super().__init__(params, gate)
