@@ -22,6 +22,7 @@ from mmchaos.executors.pool import WorkerPool
 from mmchaos.findings import Verdict
 from mmchaos.targets import load_target
 from tests.fakes.fork_jobs import job
+from tests.support.workers import no_worker_interpreters
 
 URI = "builtin:tiny-clip"
 
@@ -33,23 +34,11 @@ def clip() -> Iterator[Any]:
     target.close()
 
 
-def _no_interpreters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A spawned worker would be a new interpreter loading the target again: make it an error."""
-    real = subprocess.Popen
-
-    def refuse(argv: Any, *args: Any, **kwargs: Any) -> Any:
-        if "child_entry" in " ".join(map(str, argv)):
-            raise AssertionError(f"a worker interpreter was started: {argv}")
-        return real(argv, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", refuse)
-
-
 @pytest.mark.integration
 def test_forked_workers_have_the_loaded_target_and_a_crash_or_hang_kills_only_the_worker(
     clip: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _no_interpreters(monkeypatch)
+    no_worker_interpreters(monkeypatch)
     server = ForkServer.start(clip)
     assert server is not None
     spec = WorkerSpec(uri=URI, threads=1, memory_limit_mb=0)
@@ -94,7 +83,7 @@ def test_a_run_loads_the_target_once_and_its_pool_is_forked(tmp_path: Any, monke
     from mmchaos.store import RunStore
     from mmchaos.suites import SuiteSpec
 
-    _no_interpreters(monkeypatch)
+    no_worker_interpreters(monkeypatch)
     loads: list[str] = []
     real = runner.load_target
 

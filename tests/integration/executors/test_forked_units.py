@@ -10,7 +10,6 @@ the same order, the workers' model calls in the check's model time, failures rai
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from mmchaos.suites import SuiteSpec
 from mmchaos.targets import load_target
 from mmchaos.timing import ModelClock
 from tests.fakes.fork_units import embed_rows, misbehave
+from tests.support.workers import no_worker_interpreters
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +48,7 @@ def clip() -> Iterator[Any]:
 def forked(clip: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[ForkedUnitExecutor]:
     """Two unit workers forked from a server holding tiny-clip and the shapes set; no interpreter
     may be started (that would be a second import and load of the target)."""
-    real = subprocess.Popen
-
-    def refuse(argv: Any, *args: Any, **kwargs: Any) -> Any:
-        if "child_entry" in " ".join(map(str, argv)):
-            raise AssertionError(f"a worker interpreter was started: {argv}")
-        return real(argv, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", refuse)
+    no_worker_interpreters(monkeypatch)
     server = ForkServer.start(clip, load_dataset(DATA))
     assert server is not None
     executor = ForkedUnitExecutor(server, shared_spec(clip), workers=2)
