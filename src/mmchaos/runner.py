@@ -259,7 +259,7 @@ def run_suite(
         dataset = _load_data(data_spec)
         if forking:  # now: before this process has run the model (see mmchaos.executors.forkserver)
             resources.fork_server = ForkServer.start(target, dataset)
-        units = ForkedUnitExecutor.for_run(resources.fork_server, target) if forking else None
+        units = ForkedUnitExecutor.for_run(resources.fork_server, target)
         fingerprint = target.fingerprint().to_dict()
         if resume is None:
             store.create_run(

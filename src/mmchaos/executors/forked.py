@@ -98,14 +98,19 @@ def _worker(target: Any) -> Worker:
     return worker
 
 
-def run_unit_job(target: Any, spec: WorkerSpec, payload: tuple[Any, str, bytes, Any]) -> tuple[Any, ...]:
-    """Worker handler: one unit, ``("ok", pickled result, busy intervals)``, ``("raised", pickled
-    exception or None, ErrorInfo)`` or ``("unpicklable", None, ErrorInfo)``. Pickled here, so a
-    result or exception that cannot cross the pipe is the unit's failure instead of the worker's death."""
+def run_unit_job(target: Any, spec: WorkerSpec, payload: tuple[Any, str, bytes | None, Any]) -> tuple[Any, ...]:
+    """Worker handler. ``(None, key, pickled shared, None)`` keeps a map's ``shared`` value (sent once
+    to each worker); ``(fn, key, None, unit)`` runs one unit of that map: ``("ok", pickled result, busy
+    intervals)``, ``("raised", pickled exception or None, ErrorInfo)`` or ``("unpicklable", None,
+    ErrorInfo)``. Pickled here, so a result or exception that cannot cross the pipe is the unit's
+    failure instead of the worker's death."""
     fn, key, blob, unit = payload
     worker = _worker(target)
-    if _state.get("key") != key:
-        _state["shared"], _state["key"] = pickle.loads(blob), key
+    if fn is None:
+        _state["shared"], _state["key"] = pickle.loads(blob or b""), key
+        return ("shared",)
+    if _state.get("key") != key:  # a worker that replaced one mid-map has not seen the map's value
+        raise MMChaosError(f"this worker has not received map {key}'s shared value", code="executor_unit_failed")
     busy: Any = worker.target  # the BusyTarget of _worker
     busy.take()
     try:
@@ -186,12 +191,15 @@ class ForkedUnitExecutor(Executor):
             return
         pool = self._open()
         self._maps += 1
-        key = f"{os.getpid()}/{id(self)}/{self._maps}"
-        blob = pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL)
+        key = str(self._maps)
         done: dict[int, JobResult] = {}
         taken = 0
         try:
-            for index, result in pool.map([(fn, key, blob, unit) for unit in units], UNIT_TIMEOUT_S):
+            blob = pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL)
+            for sent in pool.broadcast((None, key, blob, None), self.start_timeout):  # once per worker
+                if sent.status != "ok":
+                    _unpack(-1, sent, None)
+            for index, result in pool.map([(fn, key, None, unit) for unit in units], UNIT_TIMEOUT_S):
                 done[index] = result
                 while taken in done:
                     value: R = _unpack(taken, done.pop(taken), clock)
@@ -230,8 +238,9 @@ def _unpack(index: int, result: JobResult, clock: ModelClock | None) -> Any:
         raise MMChaosError(f"work unit {index}: {why}: {extra.short()}", code="executor_unit_failed")
     tail = result.stderr.strip().splitlines()[-3:]
     what = {"crashed": "took down its worker", "hung": "did not finish"}.get(result.status, "failed in its worker")
+    detail = result.error.short() if result.error is not None else result.detail
     raise MMChaosError(
-        f"work unit {index} {what} ({result.detail})"
+        f"{f'work unit {index}' if index >= 0 else 'the shared value of a map'} {what} ({detail})"
         + (f": {' | '.join(tail)}" if tail else ""),
         code="executor_worker_lost" if result.status == "crashed" else "executor_unit_failed",
     )
