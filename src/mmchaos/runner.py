@@ -6,6 +6,7 @@ This is the whole of ``mmchaos validate`` minus printing: the CLI is a thin laye
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import sys
@@ -118,6 +119,17 @@ def _resolved_options(config: RunConfig, run_id: str, resuming: bool) -> dict[st
             "start a new run instead of resuming",
             code="store_options_outdated",
         ) from None
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a stored run: its finished checks are in the store and ``run_id`` resumes it.
+
+    A KeyboardInterrupt still (callers that stop on one keep doing so), with the id the CLI needs
+    to say how to go on."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 class RunObserver(Protocol):
@@ -254,6 +266,7 @@ def run_suite(
         target.close()
         raise
     units: ForkedUnitExecutor | None = None  # work units of parallel_units checks on forked workers
+    stored = resume is not None  # whether the store holds the run (a Ctrl-C then leaves it resumable)
     try:
         data_spec = config.data or default_data(target)
         dataset = _load_data(data_spec)
@@ -277,6 +290,7 @@ def run_suite(
                 ),
                 [cid for cid, _ in checks],
             )
+            stored = True
         else:
             stored = store.get_run(run_id).target.get("fingerprint", {})
             if stored.get("digest") and stored["digest"] != fingerprint["digest"]:
@@ -314,6 +328,12 @@ def run_suite(
             if observer is not None:
                 observer.finished(check_id, findings)
         store.update_run(run_id, status="complete", finished=time.time())
+    except KeyboardInterrupt:
+        if not stored:
+            raise  # interrupted before the run was stored: nothing to resume
+        with contextlib.suppress(Exception):  # the store keeps the finished checks either way
+            store.update_run(run_id, status="interrupted")
+        raise RunInterrupted(run_id) from None
     finally:
         if pool is not None:
             pool.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -86,7 +87,7 @@ def _validate(
     from mmchaos.cli.summary import print_summary
     from mmchaos.executors import ExecutorSpec
     from mmchaos.report import prepare_out_dir, write_reports
-    from mmchaos.runner import RunConfig, run_suite
+    from mmchaos.runner import RunConfig, RunInterrupted, run_suite
     from mmchaos.store import RunStore
     from mmchaos.suites import load_suite
     from mmchaos.targets.threads import limit_blas_threads
@@ -114,11 +115,20 @@ def _validate(
         )
     with RunStore(store_path) as store:
         err.print(f"[bold]mmchaos validate[/] {'resuming ' + resume if resume else target} ...")
-        with CheckProgress(err) as progress:
-            result = run_suite(
-                config, store, resume=resume, progress=progress, observer=progress,
-                executor=where if where.kind != "local" else None,
-            )  # fmt: skip
+        try:
+            with CheckProgress(err) as progress:
+                result = run_suite(
+                    config, store, resume=resume, progress=progress, observer=progress,
+                    executor=where if where.kind != "local" else None,
+                )  # fmt: skip
+        except RunInterrupted as exc:
+            store_flag = "" if Path(store_path) == Path(DEFAULT_STORE) else f" --store {store_path}"
+            # One plain line, unwrapped (scripts and users copy the command from it).
+            sys.stderr.write(
+                f"interrupted: run {exc.run_id} keeps its finished checks in {store_path}; "
+                f"go on with `mmchaos validate --resume {exc.run_id}{store_flag}`\n"
+            )
+            raise typer.Exit(130) from None
         results = write_reports(store, result.run_id, out_dir, strict=strict)
     print_summary(out, results, out_dir)
     code = int(results["summary"]["exit_code"])
