@@ -70,6 +70,13 @@ class Side(asyncio.Protocol):
         self._drain: list[asyncio.Future[None]] = []
 
     @property
+    def writable(self) -> bool:
+        """Whether a write can still reach the socket. A failed send closes the transport at once
+        but reports the loss (``connection_lost``) only on the loop's next turn; writes in between
+        are dropped, and asyncio logs a warning from the fifth on."""
+        return self.transport is not None and not self.lost and not self.transport.is_closing()
+
+    @property
     def reads_into(self) -> Direction:
         return self.conn.up if self.client else self.conn.down
 
@@ -182,7 +189,7 @@ class Direction:
             return
         dst = self.dst
         if not self.chain and self.task is None and dst is not None:
-            if dst.transport is not None and not dst.lost and not self.conn.closed:
+            if dst.transport is not None and dst.writable and not self.conn.closed:
                 dst.transport.write(data)
                 self.sent += len(data)
             return
@@ -207,7 +214,7 @@ class Direction:
         if not self.chain and self.task is None and dst.transport is not None:
             # What the client sent while the upstream connected: written now, not by a task.
             queue = self.queue
-            while queue and isinstance(queue[0], Chunk):
+            while queue and isinstance(queue[0], Chunk) and dst.writable:
                 data = queue.popleft().data
                 self.queued -= len(data)
                 dst.transport.write(data)
@@ -250,7 +257,7 @@ class Direction:
             i += 1
         if i == len(chain):
             dst = self.dst
-            if dst is None or dst.transport is None or dst.lost:
+            if dst is None or dst.transport is None or not dst.writable:
                 return
             dst.transport.write(chunk.data)
             self.sent += len(chunk.data)

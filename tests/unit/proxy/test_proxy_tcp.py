@@ -11,6 +11,7 @@ import contextlib
 import os
 import random
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -388,3 +389,20 @@ async def test_unreachable_upstream_closes_the_client_and_counts() -> None:
             assert await reader.read(10) == b""
             writer.close()
             assert proxy.stats.upstream_errors == 1
+
+
+@aio
+async def test_a_client_that_resets_mid_stream_is_not_written_to_again(caplog: pytest.LogCaptureFixture) -> None:
+    """The client resets while a toxic chain still holds its answer: the pump stops writing at the
+    failed send instead of writing on until the transport's loss is reported (asyncio then logs
+    'socket.send() raised exception.' after the fifth write, as serving_faults runs showed)."""
+    toxic = {"type": "slicer", "attributes": {"average_size": 64, "size_variation": 32, "delay": 0}}
+    async with echo_proxy(toxic) as (proxy, _):
+        reader, writer = await connect(proxy)
+        writer.write(os.urandom(1_000_000))
+        await reader.readexactly(1000)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # SO_LINGER 0: the close is a reset
+        await eventually(lambda: proxy.stats.connections_active == 0)
+    assert not [r for r in caplog.records if "socket.send() raised" in r.getMessage()]
