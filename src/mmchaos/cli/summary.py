@@ -51,7 +51,13 @@ def print_summary(console: Console, results: dict[str, Any], out_dir: Path) -> N
     s = results["summary"]
     verdicts = ", ".join(f"{n} {v}" for v, n in s["verdicts"].items() if n)
     untested = ", ".join(f"{u['step']} {u['name']}" for u in s.get("untested_steps") or [])
-    if s["exit_code"] != 0:
+    incomplete = ", ".join(s.get("incomplete_checks") or [])
+    if incomplete:  # never a verdict over checks that did not finish
+        banner = (
+            f"[bold red]RUN INCOMPLETE[/] [yellow](not finished: {incomplete}; "
+            f"go on with `mmchaos validate --resume {results['run_id']}`)[/]"
+        )
+    elif s["exit_code"] != 0:
         banner = "[bold red]GATES FAILED[/]" + (f" [yellow](untested steps: {untested})[/]" if untested else "")
     elif untested:  # never "all gates pass" over steps no check ran on
         banner = f"[bold yellow]GATES PASS, BUT UNTESTED STEPS: {untested}[/]"

@@ -113,9 +113,9 @@ def _banner(summary: Json) -> str:
     wall, model = float(summary.get("wall_seconds") or 0), float(summary.get("model_seconds") or 0)
     share = min(1.0, model / wall) if wall > 0 else 0.0
     incomplete = summary.get("incomplete_checks") or []
-    extra = f"<div>incomplete: {_e(', '.join(map(str, incomplete)))}</div>" if incomplete else ""
+    extra = f"<div>not finished: {_e(', '.join(map(str, incomplete)))}</div>" if incomplete else ""
     untested = [f"{u.get('step')} {u.get('name')}" for u in summary.get("untested_steps") or []]
-    label = ("PASS, BUT STEPS UNTESTED" if untested else "PASS") if ok else "FAIL"
+    label = ("PASS, BUT STEPS UNTESTED" if untested else "PASS") if ok else "INCOMPLETE" if incomplete else "FAIL"
     if untested:
         extra += f"<div>untested steps (every check skipped): {_e(', '.join(untested))}</div>"
     return (

@@ -64,6 +64,25 @@ def _testcase(suite: ET.Element, i: int, f: Json, seconds: float, strict: bool) 
         ET.SubElement(case, "system-out").text = body
 
 
+def _unfinished_suite(root: ET.Element, checks: list[str], run_id: str, properties: dict[str, Any]) -> None:
+    """Checks of an interrupted or killed run that did not finish: an error each, so a dashboard
+    never shows the run green over checks nobody ran to their end."""
+    suite = ET.SubElement(
+        root, "testsuite", name="incomplete", tests=str(len(checks)), failures="0", errors=str(len(checks)),
+        skipped="0", time=_seconds(0.0),
+    )  # fmt: skip
+    props = ET.SubElement(suite, "properties")
+    for name, value in properties.items():
+        if value is not None:
+            ET.SubElement(props, "property", name=name, value=str(value))
+    for check in checks:
+        case = ET.SubElement(suite, "testcase", classname=f"mmchaos.{check}", name=f"{check} did not finish",
+                             time=_seconds(0.0))  # fmt: skip
+        ET.SubElement(case, "error", message="did not finish", type="incomplete").text = (
+            f"the run stopped before {check} finished; go on with `mmchaos validate --resume {run_id}`"
+        )
+
+
 def render_junit(results: Json) -> str:
     """The junit.xml text of a results document."""
     strict = bool(results["summary"].get("strict"))
@@ -72,13 +91,14 @@ def render_junit(results: Json) -> str:
     by_step: dict[str, list[int]] = {}
     for i, finding in enumerate(findings):
         by_step.setdefault(f"{finding['step']}-{finding['step_name']}", []).append(i)
+    unfinished: list[str] = list(results["summary"].get("incomplete_checks") or [])
     root = ET.Element(
         "testsuites",
         name=f"mmchaos {results['suite']['name']}",
         time=_seconds(sum(times)),
-        tests=str(len(findings)),
+        tests=str(len(findings) + len(unfinished)),
         failures=str(sum(_is_failure(f, strict) for f in findings)),
-        errors=str(sum(f["verdict"] == "error" for f in findings)),
+        errors=str(sum(f["verdict"] == "error" for f in findings) + len(unfinished)),
     )
     properties = {
         "run_id": results["run_id"],
@@ -106,5 +126,7 @@ def render_junit(results: Json) -> str:
                 ET.SubElement(props, "property", name=name, value=str(value))
         for i in indices:
             _testcase(suite, i, findings[i], times[i], strict)
+    if unfinished:
+        _unfinished_suite(root, unfinished, results["run_id"], properties)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

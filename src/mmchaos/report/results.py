@@ -63,6 +63,8 @@ def build_results(store: RunStore, run_id: str, *, strict: bool = False) -> dict
     if strict and untested:
         code = 1
     incomplete = [c.check_id for c in checks if c.status != "done"]
+    if incomplete:  # an interrupted or killed run has not passed the gates it did not get to
+        code = 1
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id,
