@@ -3,7 +3,6 @@ no forked worker outlives it, and the printed command finishes the run."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import signal
@@ -15,16 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SUITE = """
-name: interruptible
-seed: 1
-checks:
-  - check: missing_modality
-    params: {image_size: 8}
-  - check: batch_invariance
-    id: slow-batch
-    params: {samples: 12, batch_sizes: [1, 2, 5, 12]}
-"""
+from tests.support.runs import TWO_CHECK_SUITE, check_statuses
 
 UNITS_SUITE = """
 name: interruptible-units
@@ -36,16 +26,6 @@ checks:
       severities: [1, 2, 3, 4, 5]
       perturbations: [gaussian_noise, defocus_blur, frost, jpeg_compression, zoom_blur, elastic_transform]
 """
-
-
-def _status(db: Path) -> dict[str, str]:
-    if not db.exists():
-        return {}
-    try:
-        with sqlite3.connect(db) as con:
-            return dict(con.execute("SELECT check_id, status FROM checks"))
-    except sqlite3.OperationalError:
-        return {}
 
 
 def _run_status(db: Path) -> str:
@@ -84,7 +64,7 @@ def _interrupt_when(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _status(db).get(check_id) != "running" or len(below := _descendants(proc.pid)) < processes:
+        while check_statuses(db).get(check_id) != "running" or len(below := _descendants(proc.pid)) < processes:
             assert proc.poll() is None, "the run ended before it could be interrupted"
             assert time.monotonic() < deadline, f"{check_id} never ran with {processes} processes below it"
             time.sleep(0.02)
@@ -97,6 +77,16 @@ def _interrupt_when(
     return subprocess.CompletedProcess(argv, proc.returncode, out, err), below
 
 
+def _validate(tmp_path: Path, suite_text: str, target: str, data: str) -> tuple[list[str], Path]:
+    """The argv of ``mmchaos validate`` of ``suite_text`` on ``target`` and ``data``, and its store."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(suite_text)
+    db = tmp_path / "runs.db"
+    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", target, "--suite", str(suite),
+            "--data", data, "--store", str(db), "--out", str(tmp_path / "out")]  # fmt: skip
+    return argv, db
+
+
 def _resume_command(stderr: str) -> list[str]:
     found = re.search(r"go on with `(mmchaos validate --resume [^`]+)`", stderr)
     assert found, stderr
@@ -107,12 +97,7 @@ def _resume_command(stderr: str) -> list[str]:
 def test_ctrl_c_says_which_run_to_resume_and_the_printed_command_finishes_it(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(SUITE)
-    db = tmp_path / "runs.db"
-    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", "py:tests.fakes.targets:slow",
-            "--suite", str(suite), "--data", "builtin:shapes?n=12", "--store", str(db),
-            "--out", str(tmp_path / "out")]  # fmt: skip
+    argv, db = _validate(tmp_path, TWO_CHECK_SUITE, "py:tests.fakes.targets:slow", "builtin:shapes?n=12")
     env = dict(subprocess_env, MMCHAOS_TEST_DELAY="0.2")
     done, _ = _interrupt_when(argv, env, db, "slow-batch")
 
@@ -122,7 +107,7 @@ def test_ctrl_c_says_which_run_to_resume_and_the_printed_command_finishes_it(
         (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
         first = con.execute("SELECT body FROM findings WHERE check_id='missing_modality' ORDER BY idx").fetchall()
     assert f"interrupted: run {run_id} keeps its finished checks in {db}" in done.stderr
-    assert _status(db) == {"missing_modality": "done", "slow-batch": "running"}
+    assert check_statuses(db) == {"missing_modality": "done", "slow-batch": "running"}
     assert _run_status(db) == "interrupted"
 
     command = _resume_command(done.stderr)
@@ -136,18 +121,13 @@ def test_ctrl_c_says_which_run_to_resume_and_the_printed_command_finishes_it(
     with sqlite3.connect(db) as con:
         again = con.execute("SELECT body FROM findings WHERE check_id='missing_modality' ORDER BY idx").fetchall()
     assert again == first, "the finished check was kept, not run again"
-    assert _status(db) == {"missing_modality": "done", "slow-batch": "done"}
+    assert check_statuses(db) == {"missing_modality": "done", "slow-batch": "done"}
     assert _run_status(db) == "complete"
 
 
 @pytest.mark.integration
 def test_ctrl_c_during_forked_units_leaves_no_worker_behind(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(UNITS_SUITE)
-    db = tmp_path / "runs.db"
-    argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", "builtin:tiny-clip",
-            "--suite", str(suite), "--data", "builtin:shapes?n=400", "--store", str(db),
-            "--out", str(tmp_path / "out")]  # fmt: skip
+    argv, db = _validate(tmp_path, UNITS_SUITE, "builtin:tiny-clip", "builtin:shapes?n=400")
     env = dict(subprocess_env, MMCHAOS_UNIT_WORKERS="2")
     # the fork server and its two unit workers are up: the units are in flight
     done, below = _interrupt_when(argv, env, db, "robustness", processes=3)
@@ -159,5 +139,4 @@ def test_ctrl_c_during_forked_units_leaves_no_worker_behind(tmp_path: Path, subp
     while (left := {p for p in below if _alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes outlived the run: {sorted(left)}"
-    assert _run_status(db) == "interrupted" and _status(db) == {"robustness": "running"}
-    assert os.path.exists(db)
+    assert _run_status(db) == "interrupted" and check_statuses(db) == {"robustness": "running"}

@@ -12,32 +12,13 @@ from pathlib import Path
 
 import pytest
 
-SUITE = """
-name: resumable
-seed: 1
-checks:
-  - check: missing_modality
-    params: {image_size: 8}
-  - check: batch_invariance
-    id: slow-batch
-    params: {samples: 12, batch_sizes: [1, 2, 5, 12]}
-"""
-
-
-def _status(db: Path) -> dict[str, str]:
-    if not db.exists():
-        return {}
-    try:
-        with sqlite3.connect(db) as con:
-            return dict(con.execute("SELECT check_id, status FROM checks"))
-    except sqlite3.OperationalError:
-        return {}
+from tests.support.runs import TWO_CHECK_SUITE, check_statuses
 
 
 @pytest.mark.integration
 def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     suite = tmp_path / "suite.yaml"
-    suite.write_text(SUITE)
+    suite.write_text(TWO_CHECK_SUITE)
     db = tmp_path / "runs.db"
     argv = [sys.executable, "-m", "mmchaos.cli", "validate", "--target", "py:tests.fakes.targets:slow",
             "--suite", str(suite),
@@ -46,7 +27,7 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while _status(db).get("slow-batch") != "running":
+        while check_statuses(db).get("slow-batch") != "running":
             assert proc.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "the slow check never started"
             time.sleep(0.05)
@@ -55,7 +36,7 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert _status(db) == {"missing_modality": "done", "slow-batch": "running"}
+    assert check_statuses(db) == {"missing_modality": "done", "slow-batch": "running"}
     with sqlite3.connect(db) as con:
         (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
         before = con.execute("SELECT finished FROM checks WHERE check_id='missing_modality'").fetchone()
@@ -87,6 +68,6 @@ def test_resume_after_sigkill(tmp_path: Path, subprocess_env: dict[str, str]) ->
         status = con.execute("SELECT status FROM runs").fetchone()[0]
     assert after == before, "the finished check was not recomputed"
     assert again == first, "and its findings were kept"
-    assert _status(db) == {"missing_modality": "done", "slow-batch": "done"} and status == "complete"
+    assert check_statuses(db) == {"missing_modality": "done", "slow-batch": "done"} and status == "complete"
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert {f["check"] for f in results["findings"]} == {"missing_modality", "slow-batch"}
