@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,18 +19,10 @@ from mmchaos.executors.forkserver import ForkServer
 from mmchaos.executors.jobs import WorkerSpec
 from mmchaos.executors.pool import WorkerPool
 from mmchaos.findings import Verdict
-from mmchaos.targets import load_target
 from tests.fakes.fork_jobs import job
 from tests.support.workers import no_worker_interpreters
 
 URI = "builtin:tiny-clip"
-
-
-@pytest.fixture(scope="module")
-def clip() -> Iterator[Any]:
-    target = load_target(URI)
-    yield target
-    target.close()
 
 
 @pytest.mark.integration

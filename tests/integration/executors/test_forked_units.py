@@ -26,7 +26,6 @@ from mmchaos.executors.jobs import shared_spec
 from mmchaos.runner import RunConfig, run_suite
 from mmchaos.store import RunStore
 from mmchaos.suites import SuiteSpec
-from mmchaos.targets import load_target
 from mmchaos.timing import ModelClock
 from tests.fakes.fork_units import embed_rows, misbehave
 from tests.support.workers import no_worker_interpreters
@@ -35,13 +34,6 @@ pytestmark = pytest.mark.integration
 
 URI = "builtin:tiny-clip"
 DATA = "builtin:shapes?n=24"
-
-
-@pytest.fixture(scope="module")
-def clip() -> Iterator[Any]:
-    target = load_target(URI)
-    yield target
-    target.close()
 
 
 @pytest.fixture
