@@ -266,7 +266,7 @@ def run_suite(
         target.close()
         raise
     units: ForkedUnitExecutor | None = None  # work units of parallel_units checks on forked workers
-    stored = resume is not None  # whether the store holds the run (a Ctrl-C then leaves it resumable)
+    stored: bool = resume is not None  # whether the store holds the run (a Ctrl-C then leaves it resumable)
     try:
         data_spec = config.data or default_data(target)
         dataset = _load_data(data_spec)
@@ -292,10 +292,10 @@ def run_suite(
             )
             stored = True
         else:
-            stored = store.get_run(run_id).target.get("fingerprint", {})
-            if stored.get("digest") and stored["digest"] != fingerprint["digest"]:
+            recorded = store.get_run(run_id).target.get("fingerprint", {})
+            if recorded.get("digest") and recorded["digest"] != fingerprint["digest"]:
                 raise StoreError(
-                    f"run {run_id} was made with target fingerprint {stored['digest']}, but {config.target} "
+                    f"run {run_id} was made with target fingerprint {recorded['digest']}, but {config.target} "
                     f"now has {fingerprint['digest']}; start a new run instead of resuming"
                 )
             store.update_run(run_id, status="running")

@@ -64,7 +64,11 @@ def _interrupt_when(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while check_statuses(db).get(check_id) != "running" or len(below := _descendants(proc.pid)) < processes:
+        while (
+            check_statuses(db).get(check_id) != "running"
+            or _run_status(db) != "running"  # a resumed run: once it is under way again
+            or len(below := _descendants(proc.pid)) < processes
+        ):
             assert proc.poll() is None, "the run ended before it could be interrupted"
             assert time.monotonic() < deadline, f"{check_id} never ran with {processes} processes below it"
             time.sleep(0.02)
@@ -112,11 +116,12 @@ def test_ctrl_c_says_which_run_to_resume_and_the_printed_command_finishes_it(
 
     command = _resume_command(done.stderr)
     assert command[3:] == [run_id, "--store", str(db)]
+    resume_argv = [sys.executable, "-m", "mmchaos.cli", *command[1:], "--out", str(tmp_path / "out")]
+    second, _ = _interrupt_when(resume_argv, env, db, "slow-batch")  # the resumed run, interrupted in turn
+    assert second.returncode == 130 and _resume_command(second.stderr) == command, second.stderr
+    assert _run_status(db) == "interrupted"
     env["MMCHAOS_TEST_DELAY"] = "0"
-    resumed = subprocess.run(
-        [sys.executable, "-m", "mmchaos.cli", *command[1:], "--out", str(tmp_path / "out")],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    resumed = subprocess.run(resume_argv, env=env, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     with sqlite3.connect(db) as con:
         again = con.execute("SELECT body FROM findings WHERE check_id='missing_modality' ORDER BY idx").fetchall()
