@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-__all__ = ["DEFAULT_OUT", "DEFAULT_STORE", "VERDICT_STYLE", "StoreOpt", "err", "out", "verdict_counts"]
+__all__ = [
+    "DEFAULT_OUT",
+    "DEFAULT_STORE",
+    "VERDICT_STYLE",
+    "StoreOpt",
+    "err",
+    "out",
+    "resume_command",
+    "verdict_counts",
+]
 
 out = Console()
 err = Console(stderr=True)
@@ -34,3 +43,9 @@ def verdict_counts(verdicts: list[str], sep: str = ", ") -> str:
         if n:
             parts.append(f"[{VERDICT_STYLE[v]}]{n} {v}[/]")
     return sep.join(parts) or "no findings"
+
+
+def resume_command(run_id: str, store: Path) -> str:
+    """The command that goes on with stored run ``run_id`` (``--store`` only where it is not the default)."""
+    where = "" if Path(store) == DEFAULT_STORE else f" --store {store}"
+    return f"mmchaos validate --resume {run_id}{where}"

@@ -31,5 +31,5 @@ def report_command(
     with RunStore(store_path, read_only=True) as store:
         prepare_out_dir(out_dir)
         results = write_reports(store, store.resolve(run), out_dir, strict=strict)
-    print_summary(out, results, out_dir)
+    print_summary(out, results, out_dir, store_path)
     raise typer.Exit(results["summary"]["exit_code"])

@@ -9,15 +9,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mmchaos.cli._common import VERDICT_STYLE, verdict_counts
+from mmchaos.cli._common import DEFAULT_STORE, VERDICT_STYLE, resume_command, verdict_counts
 
 __all__ = ["print_summary"]
 
 _RANK = {"error": 0, "fail": 1, "warn": 2, "pass": 3, "skipped": 4}
 
 
-def print_summary(console: Console, results: dict[str, Any], out_dir: Path) -> None:
-    """One row per check (verdict counts), then every failure on its own line, then the banner."""
+def print_summary(console: Console, results: dict[str, Any], out_dir: Path, store: Path = DEFAULT_STORE) -> None:
+    """One row per check (verdict counts), then every failure on its own line, then the banner
+    (``store``: where the run is, for the command that resumes an unfinished one)."""
     # Below ~110 columns the step is its number, the check id is cut with an ellipsis and the
     # table drops its vertical rules, so the "worst" column keeps room for a readable title.
     narrow = console.width < 110
@@ -55,7 +56,7 @@ def print_summary(console: Console, results: dict[str, Any], out_dir: Path) -> N
     if incomplete:  # never a verdict over checks that did not finish
         banner = (
             f"[bold red]RUN INCOMPLETE[/] [yellow](not finished: {incomplete}; "
-            f"go on with `mmchaos validate --resume {results['run_id']}`)[/]"
+            f"go on with `{resume_command(results['run_id'], store)}`)[/]"
         )
     elif s["exit_code"] != 0:
         banner = "[bold red]GATES FAILED[/]" + (f" [yellow](untested steps: {untested})[/]" if untested else "")

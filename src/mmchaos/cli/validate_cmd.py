@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out
+from mmchaos.cli._common import DEFAULT_OUT, DEFAULT_STORE, StoreOpt, err, out, resume_command
 from mmchaos.cli.compare_cmd import ToleranceOpt, TolerancesOpt
 from mmchaos.cli.target_flags import with_target_flags
 from mmchaos.errors import ConfigError, StoreError, UsageError
@@ -122,15 +122,14 @@ def _validate(
                     executor=where if where.kind != "local" else None,
                 )  # fmt: skip
         except RunInterrupted as exc:
-            store_flag = "" if Path(store_path) == Path(DEFAULT_STORE) else f" --store {store_path}"
             # One plain line, unwrapped (scripts and users copy the command from it).
             sys.stderr.write(
                 f"interrupted: run {exc.run_id} keeps its finished checks in {store_path}; "
-                f"go on with `mmchaos validate --resume {exc.run_id}{store_flag}`\n"
+                f"go on with `{resume_command(exc.run_id, store_path)}`\n"
             )
             raise typer.Exit(130) from None
         results = write_reports(store, result.run_id, out_dir, strict=strict)
-    print_summary(out, results, out_dir)
+    print_summary(out, results, out_dir, store_path)
     code = int(results["summary"]["exit_code"])
     if gate is not None:
         code = max(code, gate(results, f"{store_path} run {result.run_id}", out_dir))

@@ -67,7 +67,7 @@ def test_mmchaos_report_on_an_unfinished_run_says_so_and_exits_1(tmp_path: Path,
     code, out, _ = run_cli("report", RUN_ID, "--store", str(db), "--out", str(tmp_path / "out"))
     assert code == 1
     assert "ALL GATES PASS" not in out and "RUN INCOMPLETE" in out and "not finished: b" in out
-    assert f"mmchaos validate --resume {RUN_ID}" in " ".join(out.split())
+    assert f"mmchaos validate --resume {RUN_ID} --store {db}" in " ".join(out.split())
     (tmp_path / "done").mkdir()
     finished = _run(tmp_path / "done", finish_b=True)
     code, out, _ = run_cli("report", RUN_ID, "--store", str(finished), "--out", str(tmp_path / "out2"))
