@@ -64,6 +64,14 @@ def _testcase(suite: ET.Element, i: int, f: Json, seconds: float, strict: bool) 
         ET.SubElement(case, "system-out").text = body
 
 
+def _properties(suite: ET.Element, properties: dict[str, Any]) -> None:
+    """The run's properties (id, seed, target ...) on a testsuite; junit-10.xsd allows none on the root."""
+    props = ET.SubElement(suite, "properties")
+    for name, value in properties.items():
+        if value is not None:
+            ET.SubElement(props, "property", name=name, value=str(value))
+
+
 def _unfinished_suite(root: ET.Element, checks: list[str], run_id: str, properties: dict[str, Any]) -> None:
     """Checks of an interrupted or killed run that did not finish: an error each, so a dashboard
     never shows the run green over checks nobody ran to their end."""
@@ -71,10 +79,7 @@ def _unfinished_suite(root: ET.Element, checks: list[str], run_id: str, properti
         root, "testsuite", name="incomplete", tests=str(len(checks)), failures="0", errors=str(len(checks)),
         skipped="0", time=_seconds(0.0),
     )  # fmt: skip
-    props = ET.SubElement(suite, "properties")
-    for name, value in properties.items():
-        if value is not None:
-            ET.SubElement(props, "property", name=name, value=str(value))
+    _properties(suite, properties)
     for check in checks:
         case = ET.SubElement(suite, "testcase", classname=f"mmchaos.{check}", name=f"{check} did not finish",
                              time=_seconds(0.0))  # fmt: skip
@@ -120,10 +125,7 @@ def render_junit(results: Json) -> str:
             skipped=str(sum(f["verdict"] == "skipped" for f in mine)),
             time=_seconds(sum(times[i] for i in indices)),
         )
-        props = ET.SubElement(suite, "properties")
-        for name, value in properties.items():
-            if value is not None:
-                ET.SubElement(props, "property", name=name, value=str(value))
+        _properties(suite, properties)
         for i in indices:
             _testcase(suite, i, findings[i], times[i], strict)
     if unfinished:
