@@ -269,7 +269,7 @@ class Direction:
         """The source closed and everything before the close went out: half-close the destination."""
         self.done = True
         dst = self.dst
-        if dst is not None and dst.transport is not None and not dst.lost and not dst.transport.is_closing():
+        if dst is not None and dst.transport is not None and dst.writable:
             with contextlib.suppress(OSError, RuntimeError):
                 if dst.transport.can_write_eof():
                     dst.transport.write_eof()
